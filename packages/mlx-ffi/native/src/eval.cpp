@@ -1,0 +1,25 @@
+// eval / async_eval of many arrays in one crossing.
+#include "internal.h"
+
+using namespace mlxb;
+
+static std::vector<mx::array> gather(const uint64_t* hs, int n) {
+  if (n < 0) throw std::invalid_argument("negative array count");
+  std::vector<mx::array> v;
+  v.reserve(n);
+  for (int i = 0; i < n; i++) v.push_back(arr(reinterpret_cast<mlxb_array>(hs[i])));
+  return v;
+}
+
+MLXB_API int mlxb_eval(const uint64_t* arrays, int n) {
+  MLXB_GUARD(-1, {
+    mx::eval(gather(arrays, n));
+    return 0;
+  })
+}
+MLXB_API int mlxb_async_eval(const uint64_t* arrays, int n) {
+  MLXB_GUARD(-1, {
+    mx::async_eval(gather(arrays, n));
+    return 0;
+  })
+}

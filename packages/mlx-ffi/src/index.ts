@@ -1,0 +1,56 @@
+/**
+ * @mlx-bun/mlx-ffi: bun:ffi bindings to the mlx-bun C ABI over MLX C++.
+ * Arrays (MlxArray), dtypes, eval, devices/streams, memory, safetensors.
+ */
+export { MlxArray, checkShape, handleList, type NestedList } from "./array.ts";
+export {
+  DTYPES,
+  dtypeCode,
+  dtypeFromCode,
+  dtypeOfHostArray,
+  isDtype,
+  isFloating,
+  isInteger,
+  itemSize,
+  type Dtype,
+  type HostArray,
+} from "./dtype.ts";
+export { fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from "./half.ts";
+export {
+  ABI_VERSION,
+  MlxError,
+  NativeLibraryError,
+  checkHandle,
+  checkStatus,
+  coreSymbols,
+  cstr,
+  fail,
+  lastError,
+  lib,
+  libraryCandidates,
+  openLibrary,
+  resolveLibraryPath,
+} from "./library.ts";
+export {
+  Stream,
+  asyncEval,
+  defaultDevice,
+  evaluate,
+  isAvailable,
+  isDeviceAvailable,
+  memory,
+  mlxVersion,
+  setDefaultDevice,
+  synchronize,
+  waitFor,
+  type DeviceType,
+} from "./runtime.ts";
+export {
+  SafetensorsError,
+  loadSafetensors,
+  readSafetensorsHeader,
+  saveSafetensors,
+  type SafetensorsHeader,
+  type SafetensorsLoad,
+  type TensorInfo,
+} from "./safetensors.ts";

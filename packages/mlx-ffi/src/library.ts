@@ -1,0 +1,170 @@
+// Finds and opens the native library (libmlxb) and declares its core symbols.
+import { dlopen, FFIType, suffix, type Pointer } from "bun:ffi";
+import { existsSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+/** The C ABI version this TypeScript expects (MLXB_ABI_VERSION in native/include/mlxb.h). */
+export const ABI_VERSION = 1;
+
+const SETUP_HINT = "run the set-up at the repository root: `bash tools/setup.sh` (or `bun run setup`)";
+
+/** Error raised when libmlxb or MLX itself cannot be found or loaded. */
+export class NativeLibraryError extends Error {
+  override name = "NativeLibraryError";
+}
+
+/** Candidate paths, in order: $MLX_BUN_NATIVE, beside the executable, the set-up's build output. */
+export function libraryCandidates(): string[] {
+  const file = `libmlxb.${suffix}`;
+  const out: string[] = [];
+  const env = process.env.MLX_BUN_NATIVE;
+  if (env) out.push(env);
+  out.push(join(dirname(process.execPath), file));
+  // src/ and dist/ both sit beside native/.
+  out.push(join(dirname(fileURLToPath(import.meta.url)), "..", "native", "build", file));
+  return out;
+}
+
+/** The path of the native library that will be (or was) opened. */
+export function resolveLibraryPath(): string {
+  const candidates = libraryCandidates();
+  const env = process.env.MLX_BUN_NATIVE;
+  if (env && !existsSync(env)) {
+    throw new NativeLibraryError(`MLX_BUN_NATIVE points at ${env}, which does not exist; unset it or ${SETUP_HINT}`);
+  }
+  const found = candidates.find((p) => existsSync(p));
+  if (!found) {
+    throw new NativeLibraryError(
+      `mlx-bun native library not found (looked in: ${candidates.join(", ")}); ${SETUP_HINT}`,
+    );
+  }
+  return found;
+}
+
+const { ptr, cstring, i32, i64, f64, u64, void: none } = FFIType;
+
+/** Core symbols of the ABI; other packages open the same library with their own tables. */
+export const coreSymbols = {
+  mlxb_last_error: { args: [], returns: cstring },
+  mlxb_clear_error: { args: [], returns: none },
+  mlxb_mlx_version: { args: [], returns: cstring },
+  mlxb_abi_version: { args: [], returns: i32 },
+
+  mlxb_array_from_bytes: { args: [ptr, u64, ptr, i32, i32], returns: ptr },
+  mlxb_array_scalar: { args: [f64, i32], returns: ptr },
+  mlxb_array_scalar_int: { args: [i64, i32], returns: ptr },
+  mlxb_array_retain: { args: [ptr], returns: ptr },
+  mlxb_array_free: { args: [ptr], returns: none },
+  mlxb_array_ndim: { args: [ptr], returns: i32 },
+  mlxb_array_dim: { args: [ptr, i32], returns: i32 },
+  mlxb_array_dtype: { args: [ptr], returns: i32 },
+  mlxb_array_size: { args: [ptr], returns: FFIType.i64_fast },
+  mlxb_array_nbytes: { args: [ptr], returns: FFIType.i64_fast },
+  mlxb_array_itemsize: { args: [ptr], returns: i32 },
+  mlxb_array_host_view: { args: [ptr], returns: ptr },
+  mlxb_array_data_ptr: { args: [ptr], returns: ptr },
+  mlxb_array_item_f64: { args: [ptr], returns: f64 },
+  mlxb_array_is_available: { args: [ptr], returns: i32 },
+  mlxb_array_wait: { args: [ptr], returns: i32 },
+  mlxb_live_handles: { args: [], returns: i32 },
+
+  mlxb_eval: { args: [ptr, i32], returns: i32 },
+  mlxb_async_eval: { args: [ptr, i32], returns: i32 },
+
+  mlxb_device_is_available: { args: [i32], returns: i32 },
+  mlxb_default_device_type: { args: [], returns: i32 },
+  mlxb_set_default_device: { args: [i32, i32], returns: i32 },
+  mlxb_default_stream: { args: [i32], returns: ptr },
+  mlxb_new_stream: { args: [i32], returns: ptr },
+  mlxb_stream_free: { args: [ptr], returns: none },
+  mlxb_stream_index: { args: [ptr], returns: i32 },
+  mlxb_stream_device_type: { args: [ptr], returns: i32 },
+  mlxb_synchronize: { args: [ptr], returns: i32 },
+
+  mlxb_active_memory: { args: [], returns: FFIType.i64_fast },
+  mlxb_peak_memory: { args: [], returns: FFIType.i64_fast },
+  mlxb_cache_memory: { args: [], returns: FFIType.i64_fast },
+  mlxb_memory_limit: { args: [], returns: FFIType.i64_fast },
+  mlxb_reset_peak_memory: { args: [], returns: i32 },
+  mlxb_set_memory_limit: { args: [i64], returns: FFIType.i64_fast },
+  mlxb_set_cache_limit: { args: [i64], returns: FFIType.i64_fast },
+  mlxb_clear_cache: { args: [], returns: i32 },
+
+  mlxb_st_load: { args: [ptr, ptr], returns: ptr },
+  mlxb_st_count: { args: [ptr], returns: i32 },
+  mlxb_st_name: { args: [ptr, i32], returns: cstring },
+  mlxb_st_array: { args: [ptr, i32], returns: ptr },
+  mlxb_st_meta_count: { args: [ptr], returns: i32 },
+  mlxb_st_meta_key: { args: [ptr, i32], returns: cstring },
+  mlxb_st_meta_value: { args: [ptr, i32], returns: cstring },
+  mlxb_st_free: { args: [ptr], returns: none },
+  mlxb_st_writer_new: { args: [], returns: ptr },
+  mlxb_st_writer_add: { args: [ptr, ptr, ptr], returns: i32 },
+  mlxb_st_writer_meta: { args: [ptr, ptr, ptr], returns: i32 },
+  mlxb_st_writer_save: { args: [ptr, ptr], returns: i32 },
+  mlxb_st_writer_free: { args: [ptr], returns: none },
+} as const;
+
+/** Open the library with a symbol table; wraps loader failures in a NativeLibraryError. */
+export function openLibrary<S extends Record<string, { args: readonly FFIType[]; returns: FFIType }>>(
+  symbols: S,
+): ReturnType<typeof dlopen<S>>["symbols"] {
+  const path = resolveLibraryPath();
+  try {
+    return dlopen(path, symbols).symbols;
+  } catch (e) {
+    const msg = e instanceof Error ? e.message : String(e);
+    throw new NativeLibraryError(`could not load ${path}: ${msg}; if MLX (libmlx) is missing or moved, ${SETUP_HINT}`);
+  }
+}
+
+let core: ReturnType<typeof openLibrary<typeof coreSymbols>> | undefined;
+
+/** The core symbols, opened on first use; checks the ABI version once. */
+export function lib(): ReturnType<typeof openLibrary<typeof coreSymbols>> {
+  if (core) return core;
+  const opened = openLibrary(coreSymbols);
+  const v = opened.mlxb_abi_version();
+  if (v !== ABI_VERSION) {
+    throw new NativeLibraryError(`native library ABI ${v} does not match this package (${ABI_VERSION}); ${SETUP_HINT}`);
+  }
+  core = opened;
+  return core;
+}
+
+/** The native error message of the last failed call on this thread. */
+export function lastError(): string {
+  const l = lib();
+  const m = String(l.mlxb_last_error());
+  l.mlxb_clear_error();
+  return m || "unknown native error";
+}
+
+/** Error raised for a failed MLX call; the message names the op and what was wrong. */
+export class MlxError extends Error {
+  override name = "MlxError";
+}
+
+/** Throw an MlxError for `op` with the native message, plus extra context (shapes, dtypes, file). */
+export function fail(op: string, context?: string): never {
+  const native = lastError();
+  throw new MlxError(context ? `${op}(${context}): ${native}` : `${op}: ${native}`);
+}
+
+/** Check a returned handle: a null handle becomes an MlxError. */
+export function checkHandle(h: Pointer | null, op: string, context?: () => string): Pointer {
+  if (h === null || h === 0) fail(op, context?.());
+  return h as Pointer;
+}
+
+/** Check an int status: a negative value becomes an MlxError. */
+export function checkStatus(status: number, op: string, context?: () => string): number {
+  if (status < 0) fail(op, context?.());
+  return status;
+}
+
+/** A NUL-terminated UTF-8 copy of a string, for `const char*` arguments. */
+export function cstr(s: string): Buffer {
+  return Buffer.from(`${s}\0`, "utf8");
+}

@@ -1,0 +1,109 @@
+// Evaluation, devices and streams, memory statistics, version.
+import type { Pointer } from "bun:ffi";
+import { handleList, type MlxArray } from "./array.ts";
+import { checkHandle, checkStatus, lib } from "./library.ts";
+
+/** Evaluate many arrays in one native call. */
+export function evaluate(...arrays: MlxArray[]): void {
+  if (arrays.length === 0) return;
+  checkStatus(lib().mlxb_eval(handleList(arrays), arrays.length), "eval", () => arrays.map((a) => a.describe()).join(", "));
+}
+
+/** Schedule evaluation and return at once; read the arrays (or `waitFor`) to join. */
+export function asyncEval(...arrays: MlxArray[]): void {
+  if (arrays.length === 0) return;
+  checkStatus(lib().mlxb_async_eval(handleList(arrays), arrays.length), "async_eval", () =>
+    arrays.map((a) => a.describe()).join(", "),
+  );
+}
+
+/** True when the array's data has been computed. */
+export function isAvailable(a: MlxArray): boolean {
+  return checkStatus(lib().mlxb_array_is_available(a.handle), "is_available") === 1;
+}
+
+/** Block until an array scheduled by `asyncEval` is computed. */
+export function waitFor(a: MlxArray): void {
+  checkStatus(lib().mlxb_array_wait(a.handle), "wait", () => a.describe());
+}
+
+export type DeviceType = "cpu" | "gpu";
+const deviceCode = (d: DeviceType): number => (d === "gpu" ? 1 : 0);
+
+/** Whether this MLX build has the device (gpu: Metal or CUDA). */
+export function isDeviceAvailable(d: DeviceType): boolean {
+  return checkStatus(lib().mlxb_device_is_available(deviceCode(d)), "is_available") === 1;
+}
+
+export function defaultDevice(): DeviceType {
+  return checkStatus(lib().mlxb_default_device_type(), "default_device") === 1 ? "gpu" : "cpu";
+}
+
+/** Set the process default device; throws if the build does not have it. */
+export function setDefaultDevice(d: DeviceType, index = 0): void {
+  checkStatus(lib().mlxb_set_default_device(deviceCode(d), index), "set_default_device", () => d);
+}
+
+/** An MLX stream handle. `Stream.default(d)` or `Stream.create(d)`; pass to ops, or omit for the default. */
+export class Stream implements Disposable {
+  #handle: Pointer | null;
+  private constructor(h: Pointer) {
+    this.#handle = h;
+  }
+  static default(d: DeviceType = defaultDevice()): Stream {
+    return new Stream(checkHandle(lib().mlxb_default_stream(deviceCode(d)), "default_stream", () => d));
+  }
+  static create(d: DeviceType = defaultDevice()): Stream {
+    return new Stream(checkHandle(lib().mlxb_new_stream(deviceCode(d)), "new_stream", () => d));
+  }
+  get handle(): Pointer {
+    if (this.#handle === null) throw new Error("Stream used after dispose()");
+    return this.#handle;
+  }
+  get index(): number {
+    return checkStatus(lib().mlxb_stream_index(this.handle), "stream.index");
+  }
+  get device(): DeviceType {
+    return checkStatus(lib().mlxb_stream_device_type(this.handle), "stream.device") === 1 ? "gpu" : "cpu";
+  }
+  /** Wait for everything queued on this stream. */
+  synchronize(): void {
+    checkStatus(lib().mlxb_synchronize(this.handle), "synchronize");
+  }
+  dispose(): void {
+    if (this.#handle !== null) lib().mlxb_stream_free(this.#handle);
+    this.#handle = null;
+  }
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+  toString(): string {
+    return `Stream(${this.device}, ${this.index})`;
+  }
+}
+
+/** Wait for all streams. */
+export function synchronize(): void {
+  checkStatus(lib().mlxb_synchronize(null), "synchronize");
+}
+
+/** MLX allocator statistics and limits (bytes), as `mx.get_active_memory()` and friends. */
+export const memory = {
+  active: (): number => checkStatus(lib().mlxb_active_memory(), "get_active_memory"),
+  peak: (): number => checkStatus(lib().mlxb_peak_memory(), "get_peak_memory"),
+  cache: (): number => checkStatus(lib().mlxb_cache_memory(), "get_cache_memory"),
+  limit: (): number => checkStatus(lib().mlxb_memory_limit(), "get_memory_limit"),
+  resetPeak: (): void => void checkStatus(lib().mlxb_reset_peak_memory(), "reset_peak_memory"),
+  /** Returns the previous limit. */
+  setLimit: (bytes: number): number => checkStatus(lib().mlxb_set_memory_limit(bytes), "set_memory_limit"),
+  /** Returns the previous limit. */
+  setCacheLimit: (bytes: number): number => checkStatus(lib().mlxb_set_cache_limit(bytes), "set_cache_limit"),
+  clearCache: (): void => void checkStatus(lib().mlxb_clear_cache(), "clear_cache"),
+  /** Native array handles alive right now (a leak detector for tests). */
+  liveHandles: (): number => lib().mlxb_live_handles(),
+};
+
+/** The MLX version the native library was built against, e.g. "0.32.4". */
+export function mlxVersion(): string {
+  return String(lib().mlxb_mlx_version());
+}

@@ -1,0 +1,64 @@
+// Test client of tools/oracle/mlx_oracle.py: run Python MLX on the same inputs, get its arrays back.
+import { mkdtempSync, rmSync, writeFileSync, existsSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { loadSafetensors, type MlxArray, saveSafetensors } from "@mlx-bun/mlx-ffi";
+
+const ROOT = fileURLToPath(new URL("../..", import.meta.url));
+
+/** The project's venv Python (set up by tools/setup.sh). */
+export function oraclePython(): string {
+  const py = process.env.MLX_BUN_PYTHON ?? join(ROOT, ".native", "venv", "bin", "python");
+  if (!existsSync(py)) throw new Error(`oracle: ${py} not found; run bash tools/setup.sh`);
+  return py;
+}
+
+/** Run a Python script of tools/oracle (or any path) with the venv Python; returns stdout, throws on failure. */
+export function runPython(args: string[], opts: { cwd?: string; env?: Record<string, string> } = {}): string {
+  const p = Bun.spawnSync([oraclePython(), ...args], {
+    cwd: opts.cwd ?? ROOT,
+    env: { ...process.env, ...opts.env },
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  if (p.exitCode !== 0) throw new Error(`python ${args.join(" ")} failed (${p.exitCode}):\n${p.stderr.toString()}`);
+  return p.stdout.toString();
+}
+
+/** What the oracle returned: arrays by case id (tuple results as "<id>.<i>") and errors by case id. */
+export interface OracleResult extends Disposable {
+  get(id: string): MlxArray;
+  has(id: string): boolean;
+  error(id: string): string | undefined;
+}
+
+/**
+ * Evaluate `cases` (id → Python expression over `mx`, `np` and the inputs by
+ * name) in Python MLX, in one process for the whole batch.
+ */
+export function oracle(inputs: Record<string, MlxArray>, cases: Record<string, string>): OracleResult {
+  const dir = mkdtempSync(join(tmpdir(), "mlxb-oracle-"));
+  try {
+    const casesPath = join(dir, "cases.json");
+    const inPath = join(dir, "in.safetensors");
+    const outPath = join(dir, "out.safetensors");
+    writeFileSync(casesPath, JSON.stringify(cases));
+    if (Object.keys(inputs).length) saveSafetensors(inPath, inputs);
+    runPython([join(ROOT, "tools", "oracle", "mlx_oracle.py"), casesPath, Object.keys(inputs).length ? inPath : "-", outPath]);
+    const loaded = loadSafetensors(outPath);
+    for (const a of loaded.tensors.values()) a.eval(); // read before the temp dir goes
+    return {
+      get(id) {
+        const a = loaded.tensors.get(id);
+        if (!a) throw new Error(`oracle: no result for '${id}'${loaded.metadata[`error:${id}`] ? `: ${loaded.metadata[`error:${id}`]}` : ""}`);
+        return a;
+      },
+      has: (id) => loaded.tensors.has(id),
+      error: (id) => loaded.metadata[`error:${id}`],
+      [Symbol.dispose]: () => loaded[Symbol.dispose](),
+    };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One idempotent set-up: Bun (from npm), the JS workspace, the pinned MLX wheels in a
+# project-local venv, and the native C ABI library built against that MLX.
+# A second run only checks stamps and lets CMake see nothing changed.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+native="$root/.native"
+mkdir -p "$native/bin"
+
+pin() { python3 -c "import json,sys;print(json.load(open('tools/setup/pins.json'))[sys.argv[1]])" "$1"; }
+BUN_V="$(pin bun)"; MLX_V="$(pin mlx)"; MLXLM_V="$(pin mlx-lm)"
+step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+# 1. Bun, from the npm registry, into .native/bun.
+if [ "$("$native/bin/bun" --version 2>/dev/null || true)" != "$BUN_V" ]; then
+  step "installing bun@$BUN_V from npm"
+  npm install --no-audit --no-fund --silent --prefix "$native/bun" "bun@$BUN_V"
+  ln -sf "$native/bun/node_modules/.bin/bun" "$native/bin/bun"
+  ln -sf "$native/bun/node_modules/.bin/bun" "$native/bin/bunx"
+fi
+export PATH="$native/bin:$PATH"
+
+# 2. JS dependencies.
+deps_sum() { { cat package.json packages/*/package.json apps/*/package.json bun.lock 2>/dev/null || true; } | sha256sum | cut -c1-16; }
+if [ "$(cat node_modules/.mlxb-stamp 2>/dev/null || true)" != "$(deps_sum)" ]; then
+  step "bun install"
+  if [ -f bun.lock ] && [ "${CI:-}" = "true" ]; then bun install --frozen-lockfile; else bun install; fi
+  deps_sum > node_modules/.mlxb-stamp
+fi
+
+# 3. MLX wheels (shared library + headers; Python only for tests and tools).
+backend="${MLX_BUN_BACKEND:-cpu}"   # cpu | cuda (mlx-cuda-13) | metal (macOS: Homebrew mlx for the build)
+case "$(uname -s)/$backend" in
+  Darwin/*) wheels="mlx==$MLX_V mlx-lm==$MLXLM_V" ;;
+  */cuda)   wheels="mlx==$MLX_V mlx-cuda-13==$MLX_V mlx-lm==$MLXLM_V" ;;
+  *)        wheels="mlx==$MLX_V mlx-cpu==$MLX_V mlx-lm==$MLXLM_V" ;;
+esac
+venv="$native/venv"
+if [ "$(cat "$venv/.mlxb-stamp" 2>/dev/null || true)" != "$wheels" ]; then
+  step "installing $wheels into .native/venv"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check $wheels
+  echo "$wheels" > "$venv/.mlxb-stamp"
+fi
+
+# 4. The native library (packages/mlx-ffi/native), against that MLX.
+if [ "$(uname -s)" = "Darwin" ]; then
+  mlx_dir="$(brew --prefix mlx)/share/cmake/MLX"
+else
+  mlx_dir="$("$venv/bin/python" -m mlx --cmake-dir)/share/cmake/MLX"
+fi
+build="packages/mlx-ffi/native/build"
+if ! grep -qsE "^MLX_DIR:[A-Z]+=$mlx_dir\$" "$build/CMakeCache.txt"; then
+  step "configuring native build against $mlx_dir"
+  cmake -S packages/mlx-ffi/native -B "$build" -DCMAKE_BUILD_TYPE=Release -DMLX_DIR="$mlx_dir" >/dev/null
+fi
+step "building packages/mlx-ffi/native"
+cmake --build "$build" --parallel "$(nproc 2>/dev/null || sysctl -n hw.ncpu)" 2>&1 | grep -v "^ninja: no work\|Built target\|Consolidate\|^\[" || true
+test -f "$build/libmlxb.so" -o -f "$build/libmlxb.dylib"
+step "ready (bun $(bun --version), mlx $MLX_V, backend $backend)"
