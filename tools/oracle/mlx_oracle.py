@@ -5,7 +5,8 @@ Usage: python mlx_oracle.py CASES.json INPUTS.safetensors OUT.safetensors
 CASES.json maps a case id to a Python expression over `mx` (mlx.core), `np`
 (numpy) and the input arrays by name. An expression that yields a tuple or
 list stores each element as "<id>.<i>". An expression that raises stores its
-message under the metadata key "error:<id>".
+message under the metadata key "error:<id>". float64 results travel as uint64
+bits with the metadata key "dtype:<id>" = "float64".
 """
 import json
 import sys
@@ -32,6 +33,11 @@ def main() -> None:
                 out[f"{cid}.{i}"] = mx.array(v)
         else:
             out[cid] = mx.array(value)
+    # safetensors has no float64 in MLX: ship the bits as uint64 and say so.
+    for k in list(out):
+        if out[k].dtype == mx.float64:
+            out[k] = out[k].view(mx.uint64)
+            meta[f"dtype:{k}"] = "float64"
     mx.eval(list(out.values()))
     mx.save_safetensors(out_path, out, metadata=meta)
 

@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync, existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { loadSafetensors, type MlxArray, saveSafetensors } from "@mlx-bun/mlx-ffi";
+import { loadSafetensors, MlxArray, saveSafetensors } from "@mlx-bun/mlx-ffi";
 
 const ROOT = fileURLToPath(new URL("../..", import.meta.url));
 
@@ -47,7 +47,13 @@ export function oracle(inputs: Record<string, MlxArray>, cases: Record<string, s
     if (Object.keys(inputs).length) saveSafetensors(inPath, inputs);
     runPython([join(ROOT, "tools", "oracle", "mlx_oracle.py"), casesPath, Object.keys(inputs).length ? inPath : "-", outPath]);
     const loaded = loadSafetensors(outPath);
-    for (const a of loaded.tensors.values()) a.eval(); // read before the temp dir goes
+    for (const [k, a] of loaded.tensors) {
+      a.eval(); // read before the temp dir goes
+      if (loaded.metadata[`dtype:${k}`] === "float64") {
+        loaded.tensors.set(k, MlxArray.fromTypedArray(a.toTypedArray(), a.shape, "float64"));
+        a.dispose();
+      }
+    }
     return {
       get(id) {
         const a = loaded.tensors.get(id);

@@ -53,7 +53,7 @@ export class MlxArray implements Disposable {
   }
 
   /** Take ownership of a native handle (as returned by an `mlxb_*` call). Throws on a null handle. */
-  static fromHandle(handle: Pointer | null, op = "MlxArray.fromHandle"): MlxArray {
+  static fromHandle(handle: Pointer | bigint | null, op = "MlxArray.fromHandle"): MlxArray {
     return new MlxArray(checkHandle(handle, op));
   }
 

@@ -153,15 +153,17 @@ export function fail(op: string, context?: string): never {
 }
 
 /** Check a returned handle: a null handle becomes an MlxError. */
-export function checkHandle(h: Pointer | null, op: string, context?: () => string): Pointer {
-  if (h === null || h === 0) fail(op, context?.());
-  return h as Pointer;
+export function checkHandle(h: Pointer | bigint | null, op: string, context?: () => string): Pointer {
+  // bun:ffi returns pointers as numbers; its types also allow bigint.
+  if (h === null || h === 0 || h === 0n) fail(op, context?.());
+  return (typeof h === "bigint" ? Number(h) : h) as Pointer;
 }
 
 /** Check an int status: a negative value becomes an MlxError. */
-export function checkStatus(status: number, op: string, context?: () => string): number {
-  if (status < 0) fail(op, context?.());
-  return status;
+export function checkStatus(status: number | bigint, op: string, context?: () => string): number {
+  const n = Number(status);
+  if (n < 0) fail(op, context?.());
+  return n;
 }
 
 /** A NUL-terminated UTF-8 copy of a string, for `const char*` arguments. */

@@ -33,7 +33,7 @@ export function sh(s: Stream | undefined): Pointer | null {
  * Wrap the handle an op returned. On failure the error reads
  * `op(array(shape=[2, 3], dtype=float32), ...): <MLX message>`.
  */
-export function result(op: string, h: Pointer | null, inputs: readonly unknown[]): MlxArray {
+export function result(op: string, h: Pointer | bigint | null, inputs: readonly unknown[]): MlxArray {
   return MlxArray.fromHandle(
     checkHandle(h, op, () => inputs.map((x) => (x instanceof MlxArray ? x.describe() : String(x))).join(", ")),
     op,
