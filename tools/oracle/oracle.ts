@@ -68,3 +68,40 @@ export function oracle(inputs: Record<string, MlxArray>, cases: Record<string, s
     rmSync(dir, { recursive: true, force: true });
   }
 }
+
+/** One step of a cache script: an update (with an optional query for attention) or a trim. */
+export type CacheStep = { k: string; v: string; q?: string; window?: number } | { trim: number };
+
+/** What mlx-lm's cache did at each step: fetched planes, masks, attention, offsets. */
+export interface CacheOracleResult extends Disposable {
+  get(id: string): MlxArray | undefined;
+  meta(id: string): string | undefined;
+}
+
+/** Replay `steps` on mlx-lm's cache class `kind` (tools/oracle/cache_oracle.py). */
+export function cacheOracle(
+  kind: "KVCache" | "RotatingKVCache" | "QuantizedKVCache",
+  args: Record<string, number>,
+  inputs: Record<string, MlxArray>,
+  steps: CacheStep[],
+  scale = 1,
+): CacheOracleResult {
+  const dir = mkdtempSync(join(tmpdir(), "mlxb-cache-oracle-"));
+  try {
+    const scriptPath = join(dir, "script.json");
+    const inPath = join(dir, "in.safetensors");
+    const outPath = join(dir, "out.safetensors");
+    writeFileSync(scriptPath, JSON.stringify({ kind, args, steps, scale }));
+    saveSafetensors(inPath, inputs);
+    runPython([join(ROOT, "tools", "oracle", "cache_oracle.py"), scriptPath, inPath, outPath]);
+    const loaded = loadSafetensors(outPath);
+    for (const a of loaded.tensors.values()) a.eval();
+    return {
+      get: (id) => loaded.tensors.get(id),
+      meta: (id) => loaded.metadata[id],
+      [Symbol.dispose]: () => loaded[Symbol.dispose](),
+    };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}

@@ -102,6 +102,6 @@ export function compile<A extends MlxArray[], R extends MlxArray | MlxArray[]>(
 }
 
 /** Turn MLX compilation off or on for this process (mx.disable_compile / mx.enable_compile). */
-export function setCompileEnabled(enabled: boolean): void {
+export function set_compile_enabled(enabled: boolean): void {
   checkStatus(lib().mlxb_set_compile_mode(enabled ? 3 : 0), "set_compile_mode");
 }

@@ -16,7 +16,7 @@ export const listLib = bindOps({
  * Take a native list handle (or throw the op's error for a null one): one MlxArray per element,
  * then free the list.
  */
-export function takeList(op: string, h: Pointer | null, context: () => string): MlxArray[] {
+export function takeList(op: string, h: Pointer | bigint | null, context: () => string): MlxArray[] {
   const l = checkHandle(h, op, context);
   const lib = listLib();
   try {

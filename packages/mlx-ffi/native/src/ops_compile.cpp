@@ -59,6 +59,9 @@ MLXB_API void* mlxb_compile_call(void* h, const uint64_t* inputs, int n) {
   auto* c = static_cast<Compiled*>(h);
   try {
     if (!c) throw std::invalid_argument("null compiled function");
+    // MLX creates a thread's default stream lazily, and the first lookup (inside the compile
+    // cache's find) does not match later ones, which costs one spurious retrace. Look it up first.
+    (void)mx::default_stream(mx::default_device());
     return wrap_list(c->fn(arrays_from(inputs, n)));
   } catch (const std::exception& e) {
     // A failed trace leaves MLX's cache entry for these input shapes marked as filled but

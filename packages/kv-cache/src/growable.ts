@@ -1,0 +1,132 @@
+// KVCache: the growable layout (mlx-lm's KVCache / QuantizedKVCache), over any codec.
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
+import { type KvCodec, plainCodec } from "./codec.ts";
+import { linearMask } from "./mask.ts";
+import { catTokens, disposeAll, planeBytesPerToken, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
+import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
+
+/** A snapshot that owns its tensors. */
+export function makeState(signature: string, tensors: MlxArray[], meta: Record<string, number>): CacheState {
+  return { signature, tensors, meta, [Symbol.dispose]: () => disposeAll(tensors) };
+}
+
+/**
+ * Grows in steps of 256 tokens; writes each chunk with slice_update and
+ * fetches the first `offset` tokens, exactly as mlx-lm's KVCache (plain) and
+ * QuantizedKVCache (affine codec). State slots: the codec's planes sliced to
+ * `offset` (plain: keys, values; affine: k.w, k.scales, k.biases, v.w,
+ * v.scales, v.biases; TurboQuant: k.w, k.scales, k.biases, v.codes, v.scale);
+ * meta { offset }.
+ */
+export class KVCache implements Cache {
+  static readonly step = 256;
+  #planes: MlxArray[] | null = null;
+  #offset = 0;
+  minimumReusableOffset = 0;
+
+  constructor(readonly codec: KvCodec = plainCodec) {}
+
+  get offset(): number {
+    return this.#offset;
+  }
+
+  /** Physical token capacity of the buffers. */
+  get capacity(): number {
+    return this.#planes ? this.#planes[0]!.shape[2]! : 0;
+  }
+
+  updateAndFetch(k: MlxArray, v: MlxArray): KvView {
+    this.codec.check(k, v);
+    const enc = this.codec.encode(k, v);
+    try {
+      const prev = this.#offset;
+      const n = k.shape[2]!;
+      if (this.#planes && this.#planes[0]!.shape[0] !== k.shape[0]) {
+        fail(`KVCache.updateAndFetch: batch ${k.shape[0]} does not match the cache's ${this.#planes[0]!.shape[0]}`);
+      }
+      if (!this.#planes || prev + n > this.capacity) {
+        const grow = Math.ceil(n / KVCache.step) * KVCache.step;
+        if (this.#planes) {
+          const planes = this.#planes;
+          if (prev % KVCache.step !== 0) replaceAll(planes, (p) => tokens(p, 0, prev));
+          replaceAll(planes, (p) => {
+            using z = zerosTokens(p, grow);
+            return catTokens([p, z]);
+          });
+        } else this.#planes = enc.map((e) => zerosTokens(e, grow));
+      }
+      this.#offset += n;
+      replaceAll(this.#planes!, (p, i) => writeTokens(p, enc[i]!, prev));
+    } finally {
+      disposeAll(enc);
+    }
+    return this.codec.view(this.#fetch(), this.#offset);
+  }
+
+  #fetch(): MlxArray[] {
+    const planes = this.#planes!;
+    if (this.#offset < this.capacity) return planes.map((p) => tokens(p, 0, this.#offset));
+    return planes.map((p) => p.retain());
+  }
+
+  makeMask(n: number, window: number | null): Mask {
+    return linearMask(n, this.#offset, window);
+  }
+
+  state(): CacheState {
+    return makeState(this.signature(), this.#planes && this.#offset ? this.#fetch() : [], { offset: this.#offset });
+  }
+
+  restoreState(state: CacheState): void {
+    const want = this.codec.kPlanes + this.codec.vPlanes;
+    if (state.signature !== this.signature()) fail(`KVCache.restoreState: state is ${state.signature}, this cache is ${this.signature()}`);
+    const offset = state.meta.offset;
+    if (offset === undefined || !Number.isInteger(offset) || offset < 0) fail("KVCache.restoreState: meta.offset missing or invalid");
+    if (offset === 0 ? state.tensors.length !== 0 && state.tensors.length !== want : state.tensors.length !== want) {
+      fail(`KVCache.restoreState: ${this.codec.name} needs ${want} tensors, got ${state.tensors.length}`);
+    }
+    for (const t of state.tensors) {
+      if (t.ndim !== 4 || t.shape[2] !== offset) fail(`KVCache.restoreState: tensor ${t.describe()} does not hold ${offset} tokens as [B, H, T, x]`);
+    }
+    disposeAll(this.#planes);
+    this.#planes = state.tensors.length ? [...state.tensors] : null;
+    this.#offset = offset;
+  }
+
+  isTrimmable(): boolean {
+    return true;
+  }
+
+  trim(n: number): number {
+    if (!Number.isInteger(n) || n < 0) fail(`KVCache.trim: n must be a non-negative integer, got ${n}`);
+    if (n > this.#offset) fail(`KVCache.trim: cannot trim ${n} tokens from a cache holding ${this.#offset}`);
+    this.#offset -= n;
+    return n;
+  }
+
+  signature(): string {
+    return this.codec.name;
+  }
+
+  bytesPerToken(): number {
+    return this.#planes ? planeBytesPerToken(this.#planes) : 0;
+  }
+
+  get nbytes(): number {
+    return this.#planes ? this.#planes.reduce((a, p) => a + p.nbytes, 0) : 0;
+  }
+
+  /** The stored planes (borrowed), for conversions and tests. */
+  get planes(): readonly MlxArray[] | null {
+    return this.#planes;
+  }
+
+  dispose(): void {
+    disposeAll(this.#planes);
+    this.#planes = null;
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}

@@ -1,0 +1,46 @@
+// Token-axis helpers over cache planes: every stored tensor is [B, H, T, x] with tokens on axis 2.
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+
+/** p[..., start:stop, :] */
+export function tokens(p: MlxArray, start: number, stop: number): MlxArray {
+  const [b, h, , x] = p.shape as [number, number, number, number];
+  return mx.slice(p, [0, 0, start, 0], [b, h, stop, x]);
+}
+
+/** p with p[..., start:start+L, :] = update (a new array; p is not changed). */
+export function writeTokens(p: MlxArray, update: MlxArray, start: number): MlxArray {
+  const [b, h, , x] = p.shape as [number, number, number, number];
+  return mx.slice_update(p, update, [0, 0, start, 0], [b, h, start + update.shape[2]!, x]);
+}
+
+/** zeros [B, H, t, x] in the dtype and trailing dim of `like`. */
+export function zerosTokens(like: MlxArray, t: number): MlxArray {
+  const [b, h, , x] = like.shape as [number, number, number, number];
+  return mx.zeros([b, h, t, x], like.dtype);
+}
+
+/** concatenate along the token axis. */
+export function catTokens(parts: readonly MlxArray[]): MlxArray {
+  return mx.concatenate(parts, 2);
+}
+
+/** Replace each array of `list` by fn(old), disposing the old ones. */
+export function replaceAll(list: MlxArray[], fn: (p: MlxArray, i: number) => MlxArray): void {
+  for (let i = 0; i < list.length; i++) {
+    const old = list[i]!;
+    list[i] = fn(old, i);
+    old.dispose();
+  }
+}
+
+export function disposeAll(list: readonly (MlxArray | undefined)[] | null | undefined): void {
+  if (list) for (const a of list) a?.dispose();
+}
+
+/** Bytes one token costs across planes: B · H · x · itemsize summed. */
+export function planeBytesPerToken(planes: readonly MlxArray[]): number {
+  let n = 0;
+  for (const p of planes) n += p.shape[0]! * p.shape[1]! * p.shape[3]! * p.itemsize;
+  return n;
+}

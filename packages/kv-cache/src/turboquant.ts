@@ -1,0 +1,137 @@
+// TurboQuant codec: keys affine per 32-group; values rotated (randomized FWHT) then Lloyd-Max coded,
+// bit-packed at rest; attention keeps values rotated and un-rotates the output once (deferred V).
+import { itemSize, type MlxArray } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import { quantizedKeyAttention, tiledAttention, DEFAULT_QUERY_TILE } from "./affine.ts";
+import { checkKv, type KvCodec, PlanesView } from "./codec.ts";
+import { fail } from "./types.ts";
+
+const tq = mx.turboquant;
+
+export const TURBO_K_BITS: readonly number[] = [2, 3, 4, 8];
+/** Lloyd-Max codebooks exist for 1-4 bits; 1 bit loses too much for values (docs/turboquant.md). */
+export const TURBO_V_BITS: readonly number[] = [2, 3, 4];
+/** Keys are quantized per group of 32 along head_dim. */
+export const TURBO_K_GROUP = 32;
+
+export interface TurboQuantOptions {
+  kBits: number;
+  vBits: number;
+  /** Seed of the random-sign vector of the value rotation. */
+  seed?: number;
+  /** Keep values rotated through attention and un-rotate the output (default true). */
+  deferredV?: boolean;
+  queryTile?: number;
+}
+
+/** Per-dtype state a codec builds once: signs and codebook on the device. */
+interface Tables {
+  signs: MlxArray;
+  centroids: MlxArray;
+  boundaries: MlxArray;
+}
+
+/**
+ * Planes per token: K (packed uint32 [.., Dk·kBits/32], scales, biases [.., Dk/32]),
+ * V (codes packed uint8 [.., Dv·vBits/8], scale [.., 1]). The value scale is the
+ * RMS of the rotated vector, so the coded coordinates are ≈ N(0, 1).
+ */
+export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
+  readonly kBits: number;
+  readonly vBits: number;
+  readonly seed: number;
+  /** The output of attention over rotated values → the real output. */
+  unrotate(out: MlxArray, headDim: number, dtype: MlxArray["dtype"]): MlxArray;
+  /** Free the sign vectors and codebooks this codec made. */
+  dispose(): void;
+} {
+  const { kBits, vBits, seed = 0, deferredV = true, queryTile = DEFAULT_QUERY_TILE } = opts;
+  if (!TURBO_K_BITS.includes(kBits)) fail(`TurboQuant: kBits must be one of ${TURBO_K_BITS.join(", ")}, got ${kBits}`);
+  if (!TURBO_V_BITS.includes(vBits)) fail(`TurboQuant: vBits must be one of ${TURBO_V_BITS.join(", ")}, got ${vBits}`);
+  const tables = new Map<string, Tables>();
+  const tablesFor = (d: number, dtype: MlxArray["dtype"]): Tables => {
+    const key = `${d}:${dtype}`;
+    let t = tables.get(key);
+    if (!t) {
+      const book = tq.lloyd_max_codebook(vBits, { dtype: "float32" });
+      t = { signs: tq.random_signs(d, seed, dtype), centroids: book.centroids, boundaries: book.boundaries };
+      tables.set(key, t);
+    }
+    return t;
+  };
+  const kq = { group_size: TURBO_K_GROUP, bits: kBits };
+  const unrotate = (out: MlxArray, d: number, dtype: MlxArray["dtype"]): MlxArray => tq.fwht_inverse(out, tablesFor(d, dtype).signs);
+
+  /** Rotated values [B, H, T, D] (in the scale dtype) from the value planes. */
+  const rotatedValues = (packed: MlxArray, vscale: MlxArray, d: number): MlxArray => {
+    const t = tablesFor(d, vscale.dtype);
+    using codes = tq.unpack_bits(packed, vBits, d);
+    using unit = tq.codebook_dequantize(codes, t.centroids);
+    using scaled = mx.multiply(unit, vscale);
+    return mx.astype(scaled, vscale.dtype);
+  };
+
+  return {
+    name: `kv:turboquant:${kBits}:${vBits}`,
+    kBits,
+    vBits,
+    seed,
+    kPlanes: 3,
+    vPlanes: 2,
+    unrotate,
+    dispose() {
+      for (const t of tables.values()) for (const a of [t.signs, t.centroids, t.boundaries]) a.dispose();
+      tables.clear();
+    },
+    check(k, v) {
+      checkKv("TurboQuant.updateAndFetch", k, v);
+      const dv = v.shape[3]!;
+      const dk = k.shape[3]!;
+      if (!tq.FWHT_SIZES.includes(dv) || !tq.FWHT_SIZES.includes(dk)) {
+        fail(`TurboQuant: unsupported head dim (keys ${dk}, values ${dv}); supported: ${tq.FWHT_SIZES.join(", ")}`);
+      }
+    },
+    encode(k, v) {
+      const [kw, ks, kb] = mx.quantize(k, kq);
+      const d = v.shape[3]!;
+      const t = tablesFor(d, v.dtype);
+      using rot = tq.fwht(v, t.signs);
+      using rot32 = mx.astype(rot, "float32");
+      using sq = mx.square(rot32);
+      using ms = mx.mean(sq, -1, { keepdims: true });
+      using rms32 = mx.sqrt(ms);
+      // A zero vector codes as zeros with scale 0; avoid 0/0.
+      using safe = mx.maximum(rms32, 1e-30);
+      using unit = mx.divide(rot32, safe);
+      using codes = tq.codebook_quantize(unit, t.boundaries);
+      const packed = tq.pack_bits(codes, vBits);
+      const vscale = mx.astype(rms32, v.dtype);
+      return [kw, ks, kb!, packed, vscale];
+    },
+    view: (planes, length) =>
+      new PlanesView(planes, length, ([kw, ks, kb, packed, vscale], q, scale, mask, sinks) => {
+        if (sinks) fail("TurboQuant attention does not support attention sinks");
+        const dv = (packed!.shape[3]! * 8) / vBits;
+        using vr = rotatedValues(packed!, vscale!, dv);
+        using values = deferredV ? vr.retain() : unrotate(vr, dv, vr.dtype);
+        const k = { w: kw!, scales: ks!, biases: kb! };
+        const out = tiledAttention(q, kw!.shape[2]!, mask, queryTile, (qt, m) =>
+          quantizedKeyAttention(qt, k, scale, m, TURBO_K_GROUP, kBits, (probs, nRep) => {
+            using vv = nRep > 1 ? mx.expand_dims(values, -3) : values.retain();
+            using pv = mx.astype(probs, vv.dtype);
+            return mx.matmul(pv, vv);
+          }),
+        );
+        if (!deferredV) return out;
+        using o = out;
+        return unrotate(o, dv, o.dtype);
+      }),
+    bytesPerToken: (s) => {
+      const k = (s.kHeadDim * kBits) / 8 + 2 * (s.kHeadDim / TURBO_K_GROUP) * itemSize(s.dtype);
+      const v = Math.ceil((s.vHeadDim * vBits) / 8) + itemSize(s.dtype);
+      return s.batch * s.kvHeads * (k + v);
+    },
+  };
+}
+
+export type TurboQuantCodec = ReturnType<typeof turboQuantCodec>;

@@ -1,0 +1,91 @@
+// Custom GPU kernels: mx::fast::metal_kernel / cuda_kernel from source strings.
+// Which path runs (a kernel source or the TS reference composition) is decided on the TS side
+// (packages/mlx-ops/src/kernels/kernel.ts) from mlxb_gpu_backend() and the stream's device.
+#include <sstream>
+
+#include "ops_b_internal.h"
+
+using namespace mlxb;
+
+namespace {
+struct Kernel {
+  mx::fast::CustomKernelFunction fn;
+};
+
+std::vector<std::string> split_names(const char* joined) {
+  std::vector<std::string> out;
+  if (!joined || !*joined) return out;
+  std::stringstream ss(joined);
+  std::string item;
+  while (std::getline(ss, item, '\n')) out.push_back(item);
+  return out;
+}
+std::string str_or_empty(const char* s) { return s ? std::string(s) : std::string(); }
+}  // namespace
+
+// 0: no GPU backend in this build/machine, 1: Metal, 2: CUDA.
+MLXB_API int mlxb_gpu_backend(void) {
+  MLXB_GUARD(-1, {
+    if (mx::metal::is_available()) return 1;
+    if (mx::cu::is_available()) return 2;
+    return 0;
+  })
+}
+
+// backend 1 = Metal (extra = atomic_outputs), 2 = CUDA (extra = dynamic shared memory bytes).
+// Names are '\n'-joined. The source is the kernel body; MLX generates the signature.
+MLXB_API void* mlxb_kernel_new(int backend, const char* name, const char* input_names, const char* output_names,
+                               const char* source, const char* header, int ensure_row_contiguous, int extra) {
+  MLXB_GUARD(nullptr, {
+    if (!name || !source) throw std::invalid_argument("kernel needs a name and a source");
+    auto ins = split_names(input_names);
+    auto outs = split_names(output_names);
+    if (backend == 1) {
+      return new Kernel{mx::fast::metal_kernel(name, ins, outs, source, str_or_empty(header), ensure_row_contiguous != 0, extra != 0)};
+    }
+    if (backend == 2) {
+      return new Kernel{mx::fast::cuda_kernel(name, ins, outs, source, str_or_empty(header), ensure_row_contiguous != 0, extra)};
+    }
+    throw std::invalid_argument("kernel backend must be 1 (metal) or 2 (cuda), got " + std::to_string(backend));
+  })
+}
+
+MLXB_API void mlxb_kernel_free(void* k) { delete static_cast<Kernel*>(k); }
+
+// Launch. Output shapes are flattened (ndims gives each one's rank); grid and threadgroup are
+// 3 ints each (grid counts threads, as in MLX). Template args: '\n'-joined names, a kind per
+// arg (0 int, 1 bool, 2 dtype code) and a value. Returns an array list of the outputs.
+MLXB_API void* mlxb_kernel_call(void* k, const uint64_t* inputs, int n_in, const int32_t* out_shapes, const int32_t* out_ndims,
+                                const int32_t* out_dtypes, int n_out, const int32_t* grid, const int32_t* threadgroup,
+                                const char* tmpl_names, const int32_t* tmpl_kinds, const int32_t* tmpl_values, int n_tmpl,
+                                int has_init, double init_value, int verbose, mlxb_stream s) {
+  MLXB_GUARD(nullptr, {
+    if (!k) throw std::invalid_argument("null kernel");
+    if (!grid || !threadgroup) throw std::invalid_argument("grid and threadgroup are required");
+    std::vector<mx::Shape> shapes;
+    std::vector<mx::Dtype> dtypes;
+    int off = 0;
+    for (int i = 0; i < n_out; i++) {
+      shapes.push_back(shape_from(out_shapes ? out_shapes + off : nullptr, out_ndims[i]));
+      off += out_ndims[i];
+      dtypes.push_back(dtype_from_code(out_dtypes[i]));
+    }
+    auto names = split_names(tmpl_names);
+    if (static_cast<int>(names.size()) != n_tmpl) throw std::invalid_argument("template names and values differ in count");
+    std::vector<std::pair<std::string, mx::fast::TemplateArg>> tmpl;
+    for (int i = 0; i < n_tmpl; i++) {
+      switch (tmpl_kinds[i]) {
+        case 0: tmpl.emplace_back(names[i], static_cast<int>(tmpl_values[i])); break;
+        case 1: tmpl.emplace_back(names[i], tmpl_values[i] != 0); break;
+        case 2: tmpl.emplace_back(names[i], dtype_from_code(tmpl_values[i])); break;
+        default: throw std::invalid_argument("unknown template arg kind");
+      }
+    }
+    std::optional<float> init;
+    if (has_init) init = static_cast<float>(init_value);
+    auto out = static_cast<Kernel*>(k)->fn(arrays_from(inputs, n_in), shapes, dtypes, {grid[0], grid[1], grid[2]},
+                                           {threadgroup[0], threadgroup[1], threadgroup[2]}, tmpl, init, verbose != 0,
+                                           stream_of(s));
+    return wrap_list(std::move(out));
+  })
+}

@@ -1,0 +1,253 @@
+// Custom kernels: one reference composition of plain ops (runs everywhere, the CPU backend
+// included) plus per-backend sources (Metal via mx::fast::metal_kernel, CUDA via
+// mx::fast::cuda_kernel). A source runs only where its backend is live; the choice is the
+// explicit, pure function `select_kernel_path`, so it can be tested on any machine.
+import { FFIType, type Pointer } from "bun:ffi";
+import {
+  checkHandle,
+  checkStatus,
+  cstr,
+  defaultDevice,
+  type DeviceType,
+  type Dtype,
+  dtypeCode,
+  handleList,
+  isDtype,
+  type MlxArray,
+  MlxError,
+  type Stream,
+} from "@mlx-bun/mlx-ffi";
+import { describeArgs, takeList } from "../list.ts";
+import { bindOps, sh } from "../native.ts";
+
+const { ptr, i32, f64, void: none } = FFIType;
+const lib = bindOps({
+  mlxb_gpu_backend: { args: [], returns: i32 },
+  mlxb_kernel_new: { args: [i32, ptr, ptr, ptr, ptr, ptr, i32, i32], returns: ptr },
+  mlxb_kernel_free: { args: [ptr], returns: none },
+  mlxb_kernel_call: {
+    args: [ptr, ptr, i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, i32, f64, i32, ptr],
+    returns: ptr,
+  },
+});
+
+/** GPU backends a kernel can have a source for. */
+export type GpuBackend = "metal" | "cuda";
+/** What runs a kernel call: its reference composition or one of its sources. */
+export type KernelPath = "reference" | GpuBackend;
+/** A template argument: a JS integer (int), a boolean (bool) or a dtype name (a type). */
+export type TemplateArg = number | boolean | Dtype;
+
+export interface KernelSource {
+  /** The kernel body; MLX generates the signature from the input/output names. */
+  source: string;
+  /** Code placed before the kernel (helpers, includes). */
+  header?: string;
+}
+
+/** How to launch a source for given inputs (the same for Metal and CUDA in MLX's API). */
+export interface KernelLaunch {
+  output_shapes: readonly (readonly number[])[];
+  output_dtypes: readonly Dtype[];
+  /** Threads in total per axis (MLX rounds up to whole threadgroups on CUDA: bounds-check there). */
+  grid: readonly [number, number, number];
+  threadgroup: readonly [number, number, number];
+  template?: readonly (readonly [string, TemplateArg])[];
+  /** Fill outputs with this value before the kernel runs. */
+  init_value?: number;
+}
+
+export interface KernelSpec {
+  name: string;
+  input_names: readonly string[];
+  output_names: readonly string[];
+  metal?: KernelSource & { atomic_outputs?: boolean };
+  cuda?: KernelSource & { shared_memory?: number };
+  /** Copy inputs to row-contiguous layout first (default true; the sources may then index flat). */
+  ensure_row_contiguous?: boolean;
+  /** The reference composition of plain ops; a source must agree with it (tested per backend). */
+  reference: (inputs: readonly MlxArray[], stream?: Stream) => MlxArray[];
+  launch: (inputs: readonly MlxArray[]) => KernelLaunch;
+  /**
+   * Check inputs before any path runs, returning a message or null. A source fails on a GPU
+   * worker thread where nothing can catch it, so bad inputs must be refused here.
+   */
+  validate?: (inputs: readonly MlxArray[]) => string | null;
+}
+
+/** What `select_kernel_path` decides from. */
+export interface KernelEnvironment {
+  /** The GPU backend of this MLX build on this machine, if any. */
+  gpu_backend: GpuBackend | null;
+  /** The device the call's stream (or the default stream) runs on. */
+  device: DeviceType;
+  /** From MLX_BUN_KERNELS=reference: run references only (debugging, bisecting). */
+  reference_only?: boolean;
+}
+
+let backendCache: GpuBackend | null | undefined;
+
+/** The live GPU backend: Metal (macOS), CUDA (Linux + mlx-cuda), or null (CPU-only build). */
+export function gpu_backend(): GpuBackend | null {
+  if (backendCache === undefined) {
+    const code = checkStatus(lib().mlxb_gpu_backend(), "gpu_backend");
+    backendCache = code === 1 ? "metal" : code === 2 ? "cuda" : null;
+  }
+  return backendCache;
+}
+
+/** The environment a call on `stream` (default: the default device's stream) would run in. */
+export function kernel_environment(stream?: Stream): KernelEnvironment {
+  return {
+    gpu_backend: gpu_backend(),
+    device: stream ? stream.device : defaultDevice(),
+    reference_only: process.env.MLX_BUN_KERNELS === "reference",
+  };
+}
+
+/**
+ * Which path runs. "auto": the source of the live backend when the call runs on the GPU and
+ * the kernel has that source; otherwise the reference. Asking for a backend explicitly throws
+ * when it cannot run here (rather than silently running something else).
+ */
+export function select_kernel_path(
+  spec: Pick<KernelSpec, "name" | "metal" | "cuda">,
+  env: KernelEnvironment,
+  request: "auto" | KernelPath = "auto",
+): KernelPath {
+  if (request === "reference") return "reference";
+  if (request === "auto") {
+    if (env.reference_only || env.device !== "gpu" || env.gpu_backend === null) return "reference";
+    return spec[env.gpu_backend] ? env.gpu_backend : "reference";
+  }
+  if (!spec[request]) throw new MlxError(`kernel ${spec.name}: has no ${request} source`);
+  if (env.gpu_backend !== request) {
+    throw new MlxError(`kernel ${spec.name}: the ${request} backend is not live here (GPU backend: ${env.gpu_backend ?? "none"})`);
+  }
+  if (env.device !== "gpu") throw new MlxError(`kernel ${spec.name}: the ${request} source needs a GPU stream, not ${env.device}`);
+  return request;
+}
+
+export interface KernelRunOptions {
+  stream?: Stream;
+  path?: "auto" | KernelPath;
+  /** Print the generated source (MLX's verbose flag). */
+  verbose?: boolean;
+}
+
+function joinNames(op: string, names: readonly string[]): Buffer {
+  for (const n of names) if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(n)) throw new MlxError(`${op}: '${n}' is not an identifier`);
+  return cstr(names.join("\n"));
+}
+
+/** A declared kernel: `run` picks the path; the native kernel objects are made on first use. */
+export class CustomKernel implements Disposable {
+  readonly spec: KernelSpec;
+  #native = new Map<GpuBackend, Pointer>();
+
+  constructor(spec: KernelSpec) {
+    if (!spec.output_names.length) throw new MlxError(`kernel ${spec.name}: needs at least one output`);
+    this.spec = spec;
+  }
+
+  get name(): string {
+    return this.spec.name;
+  }
+
+  /** The path a call on `stream` would take. */
+  path(stream?: Stream, request: "auto" | KernelPath = "auto"): KernelPath {
+    return select_kernel_path(this.spec, kernel_environment(stream), request);
+  }
+
+  run(inputs: readonly MlxArray[], opts: KernelRunOptions = {}): MlxArray[] {
+    const { spec } = this;
+    if (inputs.length !== spec.input_names.length) {
+      throw new MlxError(`kernel ${spec.name}(${describeArgs(inputs)}): expected ${spec.input_names.length} inputs (${spec.input_names.join(", ")})`);
+    }
+    const problem = spec.validate?.(inputs);
+    if (problem) throw new MlxError(`kernel ${spec.name}(${describeArgs(inputs)}): ${problem}`);
+    const path = this.path(opts.stream, opts.path);
+    if (path === "reference") return spec.reference(inputs, opts.stream);
+    return this.#launch(path, inputs, opts);
+  }
+
+  #kernel(backend: GpuBackend): Pointer {
+    const have = this.#native.get(backend);
+    if (have) return have;
+    const { spec } = this;
+    const src = spec[backend]!;
+    const op = `kernel ${spec.name}`;
+    const extra = backend === "metal" ? (spec.metal?.atomic_outputs ? 1 : 0) : (spec.cuda?.shared_memory ?? 0);
+    const h = checkHandle(
+      lib().mlxb_kernel_new(
+        backend === "metal" ? 1 : 2,
+        cstr(spec.name),
+        joinNames(op, spec.input_names),
+        joinNames(op, spec.output_names),
+        cstr(src.source),
+        cstr(src.header ?? ""),
+        spec.ensure_row_contiguous === false ? 0 : 1,
+        extra,
+      ),
+      op,
+    );
+    this.#native.set(backend, h);
+    return h;
+  }
+
+  #launch(backend: GpuBackend, inputs: readonly MlxArray[], opts: KernelRunOptions): MlxArray[] {
+    const { spec } = this;
+    const op = `kernel ${spec.name} (${backend})`;
+    const l = spec.launch(inputs);
+    const n = spec.output_names.length;
+    if (l.output_shapes.length !== n || l.output_dtypes.length !== n) throw new MlxError(`${op}: launch must give ${n} output shapes and dtypes`);
+    const dims = l.output_shapes.flat();
+    const ndims = Int32Array.from(l.output_shapes, (s) => s.length);
+    const tmpl = l.template ?? [];
+    const kinds = Int32Array.from(tmpl, ([, v]) => (typeof v === "boolean" ? 1 : typeof v === "number" ? 0 : 2));
+    const values = Int32Array.from(tmpl, ([name, v]) => {
+      if (typeof v === "boolean") return v ? 1 : 0;
+      if (typeof v === "number") {
+        if (!Number.isInteger(v)) throw new MlxError(`${op}: template ${name} = ${v} is not an integer`);
+        return v;
+      }
+      if (!isDtype(v)) throw new MlxError(`${op}: template ${name} = ${String(v)} is not a dtype`);
+      return dtypeCode(v);
+    });
+    const h = lib().mlxb_kernel_call(
+      this.#kernel(backend),
+      handleList(inputs),
+      inputs.length,
+      dims.length ? Int32Array.from(dims) : null,
+      ndims,
+      Int32Array.from(l.output_dtypes, (d) => dtypeCode(d)),
+      n,
+      Int32Array.from(l.grid),
+      Int32Array.from(l.threadgroup),
+      tmpl.length ? joinNames(op, tmpl.map(([k]) => k)) : null,
+      tmpl.length ? kinds : null,
+      tmpl.length ? values : null,
+      tmpl.length,
+      l.init_value === undefined ? 0 : 1,
+      l.init_value ?? 0,
+      opts.verbose ? 1 : 0,
+      sh(opts.stream),
+    );
+    return takeList(op, h, () => describeArgs(inputs));
+  }
+
+  /** Free the native kernel objects (module-level kernels may simply live for the process). */
+  dispose(): void {
+    for (const h of this.#native.values()) lib().mlxb_kernel_free(h);
+    this.#native.clear();
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/** Declare a kernel (mx.fast.metal_kernel / mx.fast.cuda_kernel with a reference composition). */
+export function custom_kernel(spec: KernelSpec): CustomKernel {
+  return new CustomKernel(spec);
+}

@@ -1,0 +1,113 @@
+// Custom kernels: path selection (pure, so every case is tested on any machine), the reference
+// composition vs Python MLX, and — where a GPU backend is live — each source vs its reference.
+import { describe, expect, test } from "vitest";
+import { type Dtype, Stream } from "@mlx-bun/mlx-ffi";
+import { oracle } from "../../../tools/oracle/oracle.ts";
+import { kernels } from "../src/part-b.ts";
+import { expectClose, expectExact, expectNoLeaks, randn } from "./part-b-helpers.ts";
+
+const { select_kernel_path, gpu_backend, kernel_environment, geglu, geglu_kernel, custom_kernel } = kernels;
+type Env = kernels.KernelEnvironment;
+
+describe("select_kernel_path", () => {
+  const both = { name: "k", metal: { source: "m" }, cuda: { source: "c" } };
+  const metalOnly = { name: "k", metal: { source: "m" } };
+  const none = { name: "k" };
+  const env = (gpu_backend: Env["gpu_backend"], device: Env["device"], reference_only = false): Env => ({ gpu_backend, device, reference_only });
+
+  test("auto: a source only where its backend is live and the call runs on the GPU", () => {
+    const table: [typeof both | typeof metalOnly | typeof none, Env, string][] = [
+      [both, env(null, "cpu"), "reference"], // CPU-only build (this CI)
+      [both, env("metal", "cpu"), "reference"], // GPU present, CPU stream
+      [both, env("metal", "gpu"), "metal"],
+      [both, env("cuda", "gpu"), "cuda"],
+      [metalOnly, env("cuda", "gpu"), "reference"], // no source for the live backend
+      [metalOnly, env("metal", "gpu"), "metal"],
+      [none, env("metal", "gpu"), "reference"],
+      [both, env("cuda", "gpu", true), "reference"], // MLX_BUN_KERNELS=reference
+    ];
+    for (const [spec, e, want] of table) expect(select_kernel_path(spec, e), JSON.stringify([spec, e])).toBe(want);
+  });
+
+  test("an explicit request runs that path or throws; never something else", () => {
+    expect(select_kernel_path(both, env("cuda", "gpu"), "reference")).toBe("reference");
+    expect(select_kernel_path(both, env("cuda", "gpu"), "cuda")).toBe("cuda");
+    expect(() => select_kernel_path(both, env(null, "cpu"), "cuda")).toThrow(/kernel k: the cuda backend is not live here \(GPU backend: none\)/);
+    expect(() => select_kernel_path(both, env("metal", "gpu"), "cuda")).toThrow(/cuda backend is not live here \(GPU backend: metal\)/);
+    expect(() => select_kernel_path(both, env("cuda", "cpu"), "cuda")).toThrow(/needs a GPU stream, not cpu/);
+    expect(() => select_kernel_path(metalOnly, env("cuda", "gpu"), "cuda")).toThrow(/kernel k: has no cuda source/);
+  });
+
+  test("this machine's environment", () => {
+    const e = kernel_environment();
+    expect(["metal", "cuda", null]).toContain(e.gpu_backend);
+    using cpu = Stream.default("cpu");
+    expect(kernel_environment(cpu).device).toBe("cpu");
+    expect(geglu_kernel.path(cpu)).toBe("reference");
+    if (gpu_backend() === null) expect(geglu_kernel.path()).toBe("reference");
+  });
+});
+
+describe("geglu kernel", () => {
+  const DTYPES: Dtype[] = ["float32", "bfloat16", "float16"];
+
+  test("reference path equals Python's nn.gelu_approx(gate) * up, bit-exact", () => {
+    const inputs = Object.fromEntries(DTYPES.flatMap((dt, i) => [[`g_${dt}`, randn([3, 5, 96], 10 + i, dt)], [`u_${dt}`, randn([3, 5, 96], 20 + i, dt)]]));
+    const cases = Object.fromEntries(DTYPES.map((dt) => [dt, `__import__("mlx.nn", fromlist=["nn"]).gelu_approx(g_${dt}) * u_${dt}`]));
+    using ref = oracle(inputs, cases);
+    using cpu = Stream.default("cpu");
+    try {
+      expectNoLeaks(() => {
+        for (const dt of DTYPES) {
+          const [out] = geglu_kernel.run([inputs[`g_${dt}`]!, inputs[`u_${dt}`]!], { stream: cpu, path: "reference" });
+          using o = out!;
+          expectExact(o, ref.get(dt), `geglu reference ${dt}`);
+        }
+      });
+    } finally {
+      for (const a of Object.values(inputs)) a.dispose();
+    }
+  });
+
+  test("inputs are validated before any path runs; errors name the kernel, shapes and dtypes", () => {
+    using g = randn([4, 8], 1);
+    using u = randn([4, 9], 2);
+    using ub = randn([4, 8], 3, "bfloat16");
+    expect(() => geglu(g, u)).toThrow(
+      /^kernel mlxb_geglu\(array\(shape=\[4, 8\], dtype=float32\), array\(shape=\[4, 9\], dtype=float32\)\): gate and up must have the same shape/,
+    );
+    expect(() => geglu(g, ub)).toThrow(/same dtype/);
+    expect(() => geglu_kernel.run([g])).toThrow(/expected 2 inputs \(gate, up\)/);
+    if (gpu_backend() !== "cuda") expect(() => geglu_kernel.run([g, g], { path: "cuda" })).toThrow(/cuda backend is not live here/);
+  });
+
+  test("a kernel needs an output and identifier names", () => {
+    expect(() => custom_kernel({ name: "x", input_names: [], output_names: [], reference: () => [], launch: () => ({ output_shapes: [], output_dtypes: [], grid: [1, 1, 1], threadgroup: [1, 1, 1] }) })).toThrow(
+      /needs at least one output/,
+    );
+  });
+
+  // Both sources accumulate in float32 and round once; the reference rounds after every op in
+  // the input dtype. Tolerances: float32 1e-5 relative (tanh implementations differ), half types
+  // 2 ulps of the dtype (bfloat16 2^-7, float16 2^-10 relative) plus a small absolute floor.
+  const TOL: Record<string, { atol: number; rtol: number }> = {
+    float32: { atol: 1e-6, rtol: 1e-5 },
+    bfloat16: { atol: 1e-3, rtol: 2 ** -7 },
+    float16: { atol: 1e-4, rtol: 2 ** -10 },
+  };
+  test.skipIf(gpu_backend() === null)("on the GPU: the live backend's source equals the reference", () => {
+    const backend = gpu_backend()!;
+    using gpu = Stream.default("gpu");
+    for (const dt of DTYPES) {
+      for (const shape of [[1000], [3, 7, 129], [2, 4096]]) {
+        using g = randn(shape, 30, dt);
+        using u = randn(shape, 31, dt);
+        const [k] = geglu_kernel.run([g, u], { stream: gpu, path: backend });
+        const [r] = geglu_kernel.run([g, u], { stream: gpu, path: "reference" });
+        using kk = k!;
+        using rr = r!;
+        expectClose(kk, rr, TOL[dt]!, `geglu ${backend} ${dt} [${shape}]`);
+      }
+    }
+  });
+});
