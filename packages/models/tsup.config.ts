@@ -7,5 +7,5 @@ export default defineConfig({
   sourcemap: true,
   clean: true,
   target: "es2022",
-  external: ["bun:ffi", "bun", "@mlx-bun/mlx-ffi", "@mlx-bun/mlx-ops", "@huggingface/tokenizers", "@huggingface/jinja"],
+  external: ["bun:ffi", "bun", "@mlx-bun/mlx-ffi", "@mlx-bun/mlx-ops", "@mlx-bun/kv-cache", "@huggingface/tokenizers", "@huggingface/jinja"],
 });

@@ -77,5 +77,5 @@ export const plainCodec: KvCodec = {
       mx.fast.scaled_dot_product_attention(q, k!, v!, { scale, mask, ...(sinks ? { sinks } : {}) }),
     ),
   bytesPerToken: (s) => s.batch * s.kvHeads * (s.kHeadDim + s.vHeadDim) * itemSize(s.dtype),
-  check: () => {},
+  check: (k, v) => checkKv("KVCache.updateAndFetch", k, v),
 };

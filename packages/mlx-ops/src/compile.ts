@@ -14,6 +14,13 @@ const lib = bindOps({
   mlxb_set_compile_mode: { args: [i32], returns: i32 },
 });
 
+// Safety net only, as for MlxArray: a compiled function never disposed frees its trace and
+// callback when collected. The held value must not reference the function itself.
+const registry = new FinalizationRegistry<{ handle: Pointer; cb: JSCallback }>(({ handle, cb }) => {
+  lib().mlxb_compile_free(handle);
+  cb.close();
+});
+
 export interface CompileOptions {
   /**
    * Trace once per input rank/dtype and reuse the graph for any shape (mx.compile's
@@ -90,10 +97,12 @@ export function compile<A extends MlxArray[], R extends MlxArray | MlxArray[]>(
   };
   const dispose = (): void => {
     if (handle === null) return;
+    registry.unregister(call);
     lib().mlxb_compile_free(handle);
     handle = null;
     cb.close();
   };
+  registry.register(call, { handle, cb }, call);
   return Object.defineProperties(call, {
     traces: { get: () => checkStatus(lib().mlxb_compile_traces(live()), "compile.traces") },
     dispose: { value: dispose },

@@ -73,7 +73,7 @@ export class QuantizedTensor implements Disposable {
     return new QuantizedTensor(weight, scales, biases, opts.group_size ?? d.group_size, opts.bits ?? d.bits, mode);
   }
 
-  /** The float matrix back (mx.dequantize); `dtype` defaults to the scales' dtype. */
+  /** The float matrix back (mx.dequantize); `dtype` as in `dequantize`. */
   dequantize(opts: { dtype?: Dtype; stream?: Stream } = {}): MlxArray {
     return dequantize(this.weight, this.scales, this.biases, { ...this.#q(), ...opts });
   }
@@ -137,7 +137,7 @@ export interface DequantizeOptions {
   bits?: number;
   mode?: QuantMode;
   global_scale?: MlxArray;
-  /** Output dtype; default: the scales' dtype. */
+  /** Output dtype; default: the scales' dtype for affine, bfloat16 for the fp modes (MLX's). */
   dtype?: Dtype;
   stream?: Stream;
 }

@@ -13,6 +13,7 @@ import {
   type SafetensorsHeader,
   type TensorInfo,
 } from "@mlx-bun/mlx-ffi";
+import { contiguous, split as splitArray } from "@mlx-bun/mlx-ops";
 import { type Gemma4Config, layerSpecs, type QuantizationConfig, type QuantMode, type QuantParams, readJson } from "./config.ts";
 import { WeightsError } from "./errors.ts";
 
@@ -435,7 +436,8 @@ export interface LoadedWeights extends Disposable {
 export interface LoadWeightsOptions {
   /**
    * Splits one array into `parts` equal arrays along `axis` (contiguous copies), for the fused
-   * experts.gate_up_proj of Hugging Face MoE checkpoints. Needed only for those.
+   * experts.gate_up_proj of Hugging Face MoE checkpoints. Default: mlx-ops'
+   * `split` + `contiguous`, as mlx-lm's `map(mx.contiguous, mx.split(v, 2, axis=-2))`.
    */
   split?: (a: MlxArray, parts: number, axis: number) => MlxArray[];
   /** Skip the manifest check (default: check, and throw on any difference). */
@@ -450,16 +452,21 @@ export function checkpointTensorInfo(files: WeightFiles, config: Gemma4Config): 
   return { plan, info: sanitizedInfo(plan, raw) };
 }
 
+function defaultSplit(a: MlxArray, parts: number, axis: number): MlxArray[] {
+  const views = splitArray(a, parts, axis);
+  try {
+    return views.map((v) => contiguous(v));
+  } finally {
+    for (const v of views) v.dispose();
+  }
+}
+
 /** Open a checkpoint's weights lazily, sanitized and checked against the config's manifest. */
 export function loadWeights(dir: string, config: Gemma4Config, opts: LoadWeightsOptions = {}): LoadedWeights {
   const files = findWeights(dir);
   const { plan, info } = checkpointTensorInfo(files, config);
   if (!opts.skipCheck) assertTensors(checkTensors(expectedTensors(config, { actual: info }), info), dir);
-  const needsSplit = [...plan.tensors.values()].some((s) => s.split);
-  if (needsSplit && !opts.split) {
-    const src = [...plan.tensors.values()].find((s) => s.split)!.source;
-    throw new WeightsError(`${dir}: '${src}' is a fused experts.gate_up_proj; loadWeights needs opts.split to split it`);
-  }
+  const split = opts.split ?? defaultSplit;
   const used = new Set([...plan.tensors.values()].map((s) => s.source));
   const raw = new Map<string, MlxArray>();
   const owned: MlxArray[] = [];
@@ -482,7 +489,7 @@ export function loadWeights(dir: string, config: Gemma4Config, opts: LoadWeights
       }
       let parts = splits.get(src.source);
       if (!parts) {
-        parts = opts.split!(a, src.split.parts, src.split.axis);
+        parts = split(a, src.split.parts, src.split.axis);
         splits.set(src.source, parts);
         owned.push(...parts);
       }

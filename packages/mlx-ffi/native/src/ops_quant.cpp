@@ -11,7 +11,7 @@ MLXB_API void* mlxb_quantize(mlxb_array w, int group_size, int bits, int mode, m
   })
 }
 
-// dtype < 0: the scales' dtype (MLX's default).
+// dtype < 0: MLX's default (the scales' dtype for affine, bfloat16 for the fp modes).
 MLXB_API mlxb_array mlxb_dequantize(mlxb_array w, mlxb_array scales, mlxb_array biases, int group_size, int bits, int mode,
                                     mlxb_array global_scale, int dtype, mlxb_stream s) {
   MLXB_GUARD(nullptr, {

@@ -1,0 +1,104 @@
+// KV-cache modes side by side: stored bytes per token and decode attention time (one query
+// token over a context of 1k / 8k / 32k tokens), each as a ratio to bf16. Modes are
+// interleaved within every repetition so machine drift hits all alike.
+//
+//   .native/bin/bun tools/bench/kv-cache.ts [--reps 7] [--contexts 1024,8192,32768] [--json out.json]
+import { writeFileSync } from "node:fs";
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
+import { memory } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import { type Cache, KVCache, affineCodec, turboQuantCodec, type KvCodec, plainCodec } from "@mlx-bun/kv-cache";
+
+const argv = process.argv;
+const opt = (name: string, def: string): string => {
+  const i = argv.indexOf(`--${name}`);
+  return i >= 0 ? argv[i + 1]! : def;
+};
+const REPS = Number(opt("reps", "7"));
+const CONTEXTS = opt("contexts", "1024,8192,32768").split(",").map(Number);
+const JSON_OUT = opt("json", "");
+// A Gemma-4-like attention layer: 8 query heads over 2 KV heads of dim 256.
+const HQ = 8;
+const HKV = 2;
+const D = 256;
+
+const MODES: [string, () => KvCodec][] = [
+  ["bf16", () => plainCodec],
+  ["q8", () => affineCodec(8, 64)],
+  ["q4", () => affineCodec(4, 64)],
+  ["turbo:8,4", () => turboQuantCodec({ kBits: 8, vBits: 4 })],
+  ["turbo:4,3", () => turboQuantCodec({ kBits: 4, vBits: 3 })],
+  ["turbo:4,2", () => turboQuantCodec({ kBits: 4, vBits: 2 })],
+];
+
+function rand(shape: number[], seed: number): MlxArray {
+  using key = mx.random.key(seed);
+  using x = mx.random.normal(shape, { key });
+  return mx.astype(x, "bfloat16");
+}
+
+interface Row {
+  mode: string;
+  context: number;
+  bytesPerToken: number;
+  times: number[];
+}
+
+const rows: Row[] = [];
+const total = CONTEXTS.length * MODES.length * REPS;
+let done = 0;
+for (const ctx of CONTEXTS) {
+  // One cache per mode holding `ctx` tokens, filled in 4k chunks.
+  const caches: [string, Cache][] = MODES.map(([name, make]) => [name, new KVCache(make())]);
+  for (let start = 0, i = 0; start < ctx; start += 4096, i++) {
+    const n = Math.min(4096, ctx - start);
+    using k = rand([1, HKV, n, D], 2 * i);
+    using v = rand([1, HKV, n, D], 2 * i + 1);
+    for (const [, c] of caches) {
+      using view = c.updateAndFetch(k, v);
+      for (const p of view.planes) p.eval();
+    }
+  }
+  const byMode = new Map<string, Row>();
+  for (const [name, c] of caches) {
+    const r = { mode: name, context: ctx, bytesPerToken: c.bytesPerToken(), times: [] as number[] };
+    byMode.set(name, r);
+    rows.push(r);
+  }
+  using q = rand([1, HQ, 1, D], 99);
+  using k1 = rand([1, HKV, 1, D], 98);
+  for (let rep = 0; rep < REPS; rep++) {
+    for (const [name, c] of caches) {
+      // One decode step: append a token, attend over the whole context.
+      using view = c.updateAndFetch(k1, k1);
+      for (const p of view.planes) p.eval();
+      const t = performance.now();
+      using out = view.attend(q, 1 / 16, null);
+      out.eval();
+      byMode.get(name)!.times.push(performance.now() - t);
+      c.trim(1);
+      done++;
+      process.stderr.write(`\r[kv-cache bench] ${done}/${total}  context ${ctx}  ${name.padEnd(10)}`);
+    }
+  }
+  for (const [, c] of caches) c.dispose();
+  memory.clearCache();
+}
+process.stderr.write("\n");
+
+const med = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const lines = [
+  `| mode | context | bytes/token | × bf16 | decode attention ms (min / median / max) | × bf16 (median) |`,
+  `| --- | --- | --- | --- | --- | --- |`,
+];
+for (const ctx of CONTEXTS) {
+  const base = rows.find((r) => r.context === ctx && r.mode === "bf16")!;
+  for (const r of rows.filter((x) => x.context === ctx)) {
+    const t = r.times;
+    lines.push(
+      `| ${r.mode} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | ${Math.min(...t).toFixed(2)} / ${med(t).toFixed(2)} / ${Math.max(...t).toFixed(2)} | ${(med(t) / med(base.times)).toFixed(2)} |`,
+    );
+  }
+}
+console.log(lines.join("\n"));
+if (JSON_OUT) writeFileSync(JSON_OUT, JSON.stringify({ heads: { q: HQ, kv: HKV, dim: D }, reps: REPS, rows }, null, 2));
