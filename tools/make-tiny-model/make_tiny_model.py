@@ -24,7 +24,9 @@ checkpoints). --quant 4bit / mixed quantizes through mlx-lm's own convert path
 (mlx_lm.convert.convert: load, quantize_model with the model's quant_predicate, save), so
 config.json's "quantization" block is exactly what mlx-lm writes; MoE routers get mlx-lm's
 per-module override {"group_size": 64, "bits": 8}; --quant mixed uses the mixed_4_6 recipe,
-which records a per-module entry for every quantized layer.
+which records a per-module entry for every quantized layer. --dtype float32 (or float16) changes
+the floating dtype; MLX's CPU backend runs the bf16 MoE expert matmul (gather_mm) in float32 only,
+so the suite has a float32 MoE checkpoint besides the bf16 one.
 
   python make_tiny_model.py --variant small --out /tmp/tiny-small
   python make_tiny_model.py --variant moe --quant 4bit --out /tmp/tiny-moe-4bit

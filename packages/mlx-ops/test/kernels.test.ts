@@ -82,10 +82,36 @@ describe("geglu kernel", () => {
     if (gpu_backend() !== "cuda") expect(() => geglu_kernel.run([g, g], { path: "cuda" })).toThrow(/cuda backend is not live here/);
   });
 
+  test("a source path reaches MLX through the native entry points (MLX refuses it on a CPU-only build)", () => {
+    if (gpu_backend() !== null) return; // the GPU test below covers a live backend
+    using g = randn([4, 8], 1);
+    using u = randn([4, 8], 2);
+    expectNoLeaks(() => {
+      // Metal: the kernel object is made; the launch is refused by MLX at the call.
+      expect(() => geglu_kernel.run([g, u], { environment: { gpu_backend: "metal", device: "gpu" } })).toThrow(
+        /^kernel mlxb_geglu \(metal\)\(array\(shape=\[4, 8\], dtype=float32\), array\(shape=\[4, 8\], dtype=float32\)\): .*No Metal back-end/,
+      );
+      // CUDA: MLX refuses to make the kernel object.
+      expect(() => geglu_kernel.run([g, u], { environment: { gpu_backend: "cuda", device: "gpu" } })).toThrow(/^kernel mlxb_geglu: .*No CUDA back-end/);
+    });
+  });
+
   test("a kernel needs an output and identifier names", () => {
     expect(() => custom_kernel({ name: "x", input_names: [], output_names: [], reference: () => [], launch: () => ({ output_shapes: [], output_dtypes: [], grid: [1, 1, 1], threadgroup: [1, 1, 1] }) })).toThrow(
       /needs at least one output/,
     );
+    const bad = custom_kernel({
+      name: "bad",
+      input_names: ["a b"],
+      output_names: ["o"],
+      metal: { source: "" },
+      reference: (xs) => [xs[0]!.retain()],
+      launch: ([a]) => ({ output_shapes: [a!.shape], output_dtypes: [a!.dtype], grid: [1, 1, 1], threadgroup: [1, 1, 1] }),
+    });
+    using a = randn([2], 3);
+    expect(() => bad.run([a], { environment: { gpu_backend: "metal", device: "gpu" } })).toThrow(/'a b' is not an identifier/);
+    const [r] = bad.run([a]);
+    r!.dispose();
   });
 
   // Both sources compute in float32 and round once, while the reference rounds after every op

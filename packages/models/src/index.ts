@@ -8,3 +8,7 @@ export * from "./errors.ts";
 export * from "./weights.ts";
 export * from "./tokenizer.ts";
 export * from "./chat-template.ts";
+export { Gemma4Model } from "./model/gemma4.ts";
+export { type KvMode, codecFor, kvModeName, parseKvMode } from "./model/kv-mode.ts";
+export { embed, embedAsLinear, linear, moduleWeights, switchLinear, type ModuleWeights } from "./model/nn.ts";
+export { type LoadedModel, loadModel } from "./load.ts";

@@ -62,6 +62,8 @@ MLXB_API void* mlxb_kernel_call(void* k, const uint64_t* inputs, int n_in, const
   MLXB_GUARD(nullptr, {
     if (!k) throw std::invalid_argument("null kernel");
     if (!grid || !threadgroup) throw std::invalid_argument("grid and threadgroup are required");
+    if (n_out > 0 && (!out_ndims || !out_dtypes)) throw std::invalid_argument("null output shapes or dtypes");
+    if (n_tmpl > 0 && (!tmpl_kinds || !tmpl_values)) throw std::invalid_argument("null template args");
     std::vector<mx::Shape> shapes;
     std::vector<mx::Dtype> dtypes;
     int off = 0;

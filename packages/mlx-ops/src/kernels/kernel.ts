@@ -133,6 +133,11 @@ export interface KernelRunOptions {
   path?: "auto" | KernelPath;
   /** Print the generated source (MLX's verbose flag). */
   verbose?: boolean;
+  /**
+   * Decide the path as if in this environment instead of the live one (tests and tools: it
+   * lets a CPU-only machine drive a source path down to MLX, which then refuses it).
+   */
+  environment?: KernelEnvironment;
 }
 
 function joinNames(op: string, names: readonly string[]): Buffer {
@@ -166,7 +171,8 @@ export class CustomKernel implements Disposable {
     }
     const problem = spec.validate?.(inputs);
     if (problem) throw new MlxError(`kernel ${spec.name}(${describeArgs(inputs)}): ${problem}`);
-    const path = this.path(opts.stream, opts.path);
+    const env = opts.environment ?? kernel_environment(opts.stream);
+    const path = select_kernel_path(spec, env, opts.path);
     if (path === "reference") return spec.reference(inputs, opts.stream);
     return this.#launch(path, inputs, opts);
   }

@@ -1,0 +1,428 @@
+// BatchKVCache: continuous-batching rows with left padding (mlx-lm's BatchKVCache), over any codec.
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
+import { checkKv, type KvCodec, plainCodec } from "./codec.ts";
+import { KVCache, makeState } from "./growable.ts";
+import { catTokens, disposeAll, planeBytesPerToken, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
+import {
+  catRows,
+  checkInts,
+  compactRow,
+  int32Vector,
+  leftPaddedRow,
+  padTokens,
+  paddedCausalMask,
+  rollRows,
+  takeRows,
+  zeroRows,
+} from "./rows.ts";
+import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
+
+/** Padding of the next prefill (mlx-lm's `prepare(left_padding=, lengths=, right_padding=)`), one entry per row. */
+export interface PrepareOptions {
+  /** Extra left padding per row; only on an empty cache. */
+  leftPadding?: readonly number[];
+  /** Valid tokens per row in the next chunk(s) (BatchRotatingKVCache needs it with rightPadding). */
+  lengths?: readonly number[];
+  /** Trailing padding per row of the next chunk; finalize() moves it to the left. */
+  rightPadding?: readonly number[];
+}
+
+/** Two codecs write interchangeable planes (same name; TurboQuant: same seed). */
+export function sameCodec(a: KvCodec, b: KvCodec): boolean {
+  if (a === b) return true;
+  if (a.name !== b.name) return false;
+  const sa = (a as { seed?: number }).seed;
+  const sb = (b as { seed?: number }).seed;
+  return sa === sb;
+}
+
+/** Check that `planes` (from another cache) can sit next to `ref` in one batch: heads, trailing dims, dtypes. */
+export function checkPlanesMatch(op: string, ref: readonly MlxArray[], planes: readonly MlxArray[]): void {
+  if (ref.length !== planes.length) fail(`${op}: ${planes.length} planes vs ${ref.length}`);
+  ref.forEach((r, i) => {
+    const p = planes[i]!;
+    if (p.ndim !== 4 || p.shape[1] !== r.shape[1] || p.shape[3] !== r.shape[3] || p.dtype !== r.dtype) {
+      fail(`${op}: plane ${i} ${p.describe()} does not match ${r.describe()} (heads, head dim and dtype must agree)`);
+    }
+  });
+}
+
+/** Read an int32 [B] slot of a batched state back to host numbers. */
+export function readRowSlot(op: string, name: string, t: MlxArray | undefined, batch?: number): number[] {
+  if (!t) fail(`${op}: the ${name} slot is missing`);
+  if (t.dtype !== "int32" || t.ndim !== 1) fail(`${op}: the ${name} slot must be int32 [B], got ${t.describe()}`);
+  if (batch !== undefined && t.shape[0] !== batch) fail(`${op}: the ${name} slot has ${t.shape[0]} rows, expected ${batch}`);
+  if (t.shape[0] === 0) fail(`${op}: the ${name} slot is empty (a batch has at least one row)`);
+  return Array.from(t.toTypedArray() as Int32Array);
+}
+
+/**
+ * Rows of one batch, left-padded so their last tokens align (mlx-lm's
+ * BatchKVCache): one buffer [B, H, T, x] per codec plane, a shared write
+ * index `idx` (the padded offset, `offset`), and per-row `leftPadding`;
+ * row b's own offset is `idx - leftPadding[b]`. Buffers grow in steps of 256
+ * as KVCache's do. Masks are always boolean arrays [B, 1, n, idx + n] that
+ * hide each row's padding (they broadcast over heads and GQA groups).
+ *
+ * State slots: the codec's planes sliced to `idx` (none while empty), then
+ * the row offsets and the left padding as int32 [B]; meta { idx }.
+ */
+export class BatchKVCache implements Cache {
+  static readonly step = 256;
+  #planes: MlxArray[] | null = null;
+  #lp: number[];
+  #idx = 0;
+  #right: number[] | null = null;
+  #rowMin: number[];
+
+  constructor(
+    leftPadding: readonly number[],
+    readonly codec: KvCodec = plainCodec,
+  ) {
+    checkInts("BatchKVCache: leftPadding", leftPadding, { min: 0 });
+    if (leftPadding.length === 0) fail("BatchKVCache: a batch needs at least one row");
+    this.#lp = [...leftPadding];
+    this.#rowMin = leftPadding.map(() => 0);
+  }
+
+  /** The padded offset: tokens written to every row's buffer, padding included (mlx-lm's `_idx`). */
+  get offset(): number {
+    return this.#idx;
+  }
+
+  get batchSize(): number {
+    return this.#lp.length;
+  }
+
+  /** Per-row offsets (valid tokens of each row; mlx-lm's `offset` array). May be negative after trimming a padded row. */
+  get offsets(): number[] {
+    return this.#lp.map((l) => this.#idx - l);
+  }
+
+  /** The row offsets as int32 [B] (for per-row RoPE positions); the caller owns it. */
+  offsetsArray(): MlxArray {
+    return int32Vector(this.offsets);
+  }
+
+  get leftPadding(): number[] {
+    return [...this.#lp];
+  }
+
+  /** Pending right padding of the current prefill (null once finalized). */
+  get rightPadding(): number[] | null {
+    return this.#right ? [...this.#right] : null;
+  }
+
+  /** Physical token capacity of the buffers. */
+  get capacity(): number {
+    return this.#planes ? this.#planes[0]!.shape[2]! : 0;
+  }
+
+  /** Per-row minimum reusable offsets (row coordinates), carried through merge/filter/extend/extract. */
+  get rowMinimumReusableOffsets(): number[] {
+    return [...this.#rowMin];
+  }
+
+  /** In padded coordinates: the largest row value shifted by its padding. Setting it sets every row. */
+  get minimumReusableOffset(): number {
+    return Math.max(...this.#rowMin.map((m, b) => (m > 0 ? m + this.#lp[b]! : 0)));
+  }
+
+  set minimumReusableOffset(v: number) {
+    this.#rowMin = this.#lp.map((l) => Math.max(0, v - l));
+  }
+
+  updateAndFetch(k: MlxArray, v: MlxArray): KvView {
+    checkKv("BatchKVCache.updateAndFetch", k, v);
+    this.codec.check(k, v);
+    const B = this.#lp.length;
+    if (k.shape[0] !== B) fail(`BatchKVCache.updateAndFetch: keys ${k.describe()} have ${k.shape[0]} rows, the batch has ${B}`);
+    if (this.#planes && this.#planes[0]!.shape[1] !== k.shape[1]) {
+      fail(`BatchKVCache.updateAndFetch: keys ${k.describe()} have ${k.shape[1]} heads, the cache ${this.#planes[0]!.shape[1]}`);
+    }
+    const enc = this.codec.encode(k, v);
+    try {
+      const prev = this.#idx;
+      const n = k.shape[2]!;
+      if (!this.#planes || prev + n > this.capacity) {
+        const grow = Math.ceil(n / BatchKVCache.step) * BatchKVCache.step;
+        if (this.#planes) {
+          const planes = this.#planes;
+          if (prev % BatchKVCache.step !== 0) replaceAll(planes, (p) => tokens(p, 0, prev));
+          replaceAll(planes, (p) => {
+            using z = zerosTokens(p, grow);
+            return catTokens([p, z]);
+          });
+        } else this.#planes = enc.map((e) => zerosTokens(e, grow));
+      }
+      this.#idx += n;
+      replaceAll(this.#planes!, (p, i) => writeTokens(p, enc[i]!, prev));
+    } finally {
+      disposeAll(enc);
+    }
+    return this.codec.view(this.#fetch(), this.#idx);
+  }
+
+  #fetch(): MlxArray[] {
+    return this.#planes!.map((p) => (this.#idx < p.shape[2]! ? tokens(p, 0, this.#idx) : p.retain()));
+  }
+
+  /** mlx-lm's make_mask: create_causal_mask(n, offset=idx, window, left_padding), always an array [B, 1, n, idx + n]. */
+  makeMask(n: number, window: number | null): Mask {
+    return paddedCausalMask(n, this.#idx, window, this.#lp);
+  }
+
+  /** Add left padding (empty cache only) and/or declare right padding of the next prefill chunk. */
+  prepare(opts: PrepareOptions): void {
+    const B = this.#lp.length;
+    if (opts.leftPadding) {
+      if (this.#planes) fail("BatchKVCache.prepare: left padding can only be added to an empty BatchKVCache");
+      checkInts("BatchKVCache.prepare: leftPadding", opts.leftPadding, { length: B, min: 0 });
+      this.#lp = this.#lp.map((l, b) => l + opts.leftPadding![b]!);
+    }
+    if (opts.rightPadding) {
+      checkInts("BatchKVCache.prepare: rightPadding", opts.rightPadding, { length: B, min: 0 });
+      if (Math.max(...opts.rightPadding) > 0) this.#right = [...opts.rightPadding];
+    }
+  }
+
+  /** After a right-padded prefill: roll each row right by its padding, so the padding becomes left padding (mlx-lm's finalize). */
+  finalize(): void {
+    const r = this.#right;
+    if (!r) return;
+    if (this.#planes) replaceAll(this.#planes, (p) => rollRows(p, r));
+    this.#lp = this.#lp.map((l, b) => l + r[b]!);
+    this.#right = null;
+  }
+
+  #requireFinalized(op: string): void {
+    if (this.#right) fail(`BatchKVCache.${op}: a right-padded prefill is pending; call finalize() first`);
+  }
+
+  state(): CacheState {
+    this.#requireFinalized("state");
+    const tensors: MlxArray[] = this.#planes ? this.#fetch() : [];
+    tensors.push(int32Vector(this.offsets), int32Vector(this.#lp));
+    return makeState(this.signature(), tensors, { idx: this.#idx });
+  }
+
+  restoreState(state: CacheState): void {
+    const op = "BatchKVCache.restoreState";
+    if (state.signature !== this.signature()) fail(`${op}: state is ${state.signature}, this cache is ${this.signature()}`);
+    const idx = state.meta.idx;
+    if (idx === undefined || !Number.isInteger(idx) || idx < 0) fail(`${op}: meta.idx missing or invalid`);
+    const want = this.codec.kPlanes + this.codec.vPlanes;
+    const n = state.tensors.length;
+    if (n !== want + 2 && !(n === 2 && idx === 0)) {
+      fail(`${op}: ${this.signature()} needs ${want} plane slots + offsets + left padding (${want + 2} tensors), got ${n}`);
+    }
+    const planes = state.tensors.slice(0, n - 2);
+    const offsets = readRowSlot(op, "offsets", state.tensors[n - 2]);
+    const lp = readRowSlot(op, "left padding", state.tensors[n - 1], offsets.length);
+    for (const t of planes) {
+      if (t.ndim !== 4 || t.shape[0] !== offsets.length || t.shape[2] !== idx) {
+        fail(`${op}: plane ${t.describe()} is not [${offsets.length}, H, ${idx}, x]`);
+      }
+    }
+    lp.forEach((l, b) => {
+      if (l < 0 || offsets[b] !== idx - l) fail(`${op}: row ${b} has offset ${offsets[b]} and left padding ${l}, inconsistent with idx ${idx}`);
+    });
+    disposeAll(this.#planes);
+    for (const t of state.tensors.slice(n - 2)) t.dispose();
+    this.#planes = planes.length ? planes : null;
+    this.#idx = idx;
+    this.#lp = lp;
+    this.#right = null;
+    this.#rowMin = lp.map(() => 0);
+  }
+
+  isTrimmable(): boolean {
+    return true;
+  }
+
+  /** Drop the last n tokens of every row. */
+  trim(n: number): number {
+    if (!Number.isInteger(n) || n < 0) fail(`BatchKVCache.trim: n must be a non-negative integer, got ${n}`);
+    if (n > this.#idx) fail(`BatchKVCache.trim: cannot trim ${n} tokens from a batch holding ${this.#idx}`);
+    this.#idx -= n;
+    return n;
+  }
+
+  /** Keep only `rows` (in that order), then drop the padding columns every row has (mlx-lm's filter). */
+  filter(rows: readonly number[]): void {
+    const B = this.#lp.length;
+    checkInts("BatchKVCache.filter: rows", rows);
+    if (rows.length === 0) fail("BatchKVCache.filter: keep at least one row (dispose the cache to drop them all)");
+    for (const r of rows) if (r < 0 || r >= B) fail(`BatchKVCache.filter: row ${r} is out of range for a batch of ${B}`);
+    this.#requireFinalized("filter");
+    if (this.#planes) replaceAll(this.#planes, (p) => takeRows(p, rows));
+    this.#lp = rows.map((r) => this.#lp[r]!);
+    this.#rowMin = rows.map((r) => this.#rowMin[r]!);
+    const minLp = Math.min(...this.#lp);
+    if (minLp > 0) {
+      if (this.#planes) replaceAll(this.#planes, (p) => tokens(p, minLp, p.shape[2]!));
+      this.#idx -= minLp;
+      this.#lp = this.#lp.map((l) => l - minLp);
+    }
+  }
+
+  /** Append the rows of `other` (mlx-lm's extend): both are right-justified at the larger idx. `other` is not changed. */
+  extend(other: BatchKVCache): void {
+    if (!(other instanceof BatchKVCache)) fail(`BatchKVCache.extend: expected a BatchKVCache, got ${describeCache(other)}`);
+    if (other.signature() !== this.signature() || !sameCodec(this.codec, other.codec)) {
+      fail(`BatchKVCache.extend: cannot mix ${other.signature()} rows into a ${this.signature()} batch`);
+    }
+    if (other === this) fail("BatchKVCache.extend: cannot extend a batch with itself");
+    this.#requireFinalized("extend");
+    other.#requireFinalized("extend");
+    if (!this.#planes && !other.#planes) {
+      this.#lp = [...this.#lp, ...other.#lp];
+      this.#rowMin = [...this.#rowMin, ...other.#rowMin];
+      return;
+    }
+    if (this.#planes && other.#planes) checkPlanesMatch("BatchKVCache.extend", this.#planes, other.#planes);
+    const ref = (this.#planes ?? other.#planes)!;
+    const maxIdx = Math.max(this.#idx, other.#idx);
+    const maxSize = Math.max(this.capacity, other.capacity);
+    const padded = (c: BatchKVCache): { planes: MlxArray[]; left: number } => {
+      const left = maxIdx - c.#idx;
+      return { planes: justifyRows(ref, c.#planes, c.#lp.length, left, maxSize), left };
+    };
+    const a = padded(this);
+    let b: { planes: MlxArray[]; left: number } | null = null;
+    try {
+      b = padded(other);
+      const next = a.planes.map((p, i) => catRows([p, b!.planes[i]!]));
+      disposeAll(this.#planes);
+      this.#planes = next;
+    } finally {
+      disposeAll(a.planes);
+      disposeAll(b?.planes);
+    }
+    this.#lp = [...this.#lp.map((l) => l + a.left), ...other.#lp.map((l) => l + b!.left)];
+    this.#rowMin = [...this.#rowMin, ...other.#rowMin];
+    this.#idx = maxIdx;
+  }
+
+  /** Row `row` as a compact single-row KVCache (padding removed, contiguous copies); the batch is not changed. */
+  extract(row: number): KVCache {
+    const B = this.#lp.length;
+    if (!Number.isInteger(row) || row < 0 || row >= B) fail(`BatchKVCache.extract: row ${row} is out of range for a batch of ${B}`);
+    this.#requireFinalized("extract");
+    const out = new KVCache(this.codec);
+    out.minimumReusableOffset = this.#rowMin[row]!;
+    const start = this.#lp[row]!;
+    if (!this.#planes || this.#idx <= start) return out;
+    const planes = compactRow(this.#planes, row, start, this.#idx);
+    try {
+      out.restoreState(makeState(this.codec.name, planes, { offset: this.#idx - start }));
+    } catch (e) {
+      disposeAll(planes);
+      throw e;
+    }
+    return out;
+  }
+
+  /** One batch from single-row KVCaches of one codec, left-padded to the longest (mlx-lm's merge). The rows are not changed. */
+  static merge(caches: readonly Cache[]): BatchKVCache {
+    if (caches.length === 0) fail("BatchKVCache.merge: no caches");
+    caches.forEach((c, i) => {
+      if (!(c instanceof KVCache)) fail(`BatchKVCache.merge: row ${i} is ${describeCache(c)}, expected a KVCache`);
+    });
+    const rows = caches as readonly KVCache[];
+    const codec = rows[0]!.codec;
+    rows.forEach((c, i) => {
+      if (c.signature() !== rows[0]!.signature() || !sameCodec(c.codec, codec)) {
+        fail(`BatchKVCache.merge: row ${i} is ${c.signature()}, row 0 is ${rows[0]!.signature()}; one batch holds one codec`);
+      }
+      if (c.planes && c.planes[0]!.shape[0] !== 1) fail(`BatchKVCache.merge: row ${i} holds a batch of ${c.planes[0]!.shape[0]}, expected 1`);
+    });
+    const lengths = rows.map((c) => c.offset);
+    const maxLen = Math.max(...lengths);
+    const padding = lengths.map((l) => maxLen - l);
+    const out = new BatchKVCache(maxLen === 0 ? lengths.map(() => 0) : padding, codec);
+    out.#rowMin = rows.map((c) => c.minimumReusableOffset);
+    if (maxLen === 0) return out;
+    const states = rows.map((c) => c.state());
+    try {
+      const ref = states.find((s) => s.tensors.length > 0)!.tensors;
+      states.forEach((s, i) => {
+        if (s.tensors.length) checkPlanesMatch(`BatchKVCache.merge (row ${i})`, ref, s.tensors);
+      });
+      out.#planes = ref.map((r, j) => {
+        const parts = states.map((s, i) => leftPaddedRow(r, padding[i]!, s.tensors.length ? s.tensors[j]! : null));
+        try {
+          return catRows(parts);
+        } finally {
+          disposeAll(parts);
+        }
+      });
+      out.#idx = maxLen;
+    } finally {
+      for (const s of states) s[Symbol.dispose]();
+    }
+    return out;
+  }
+
+  signature(): string {
+    return `batch:${this.codec.name}`;
+  }
+
+  /** Bytes one more token column costs (all rows). */
+  bytesPerToken(): number {
+    return this.#planes ? planeBytesPerToken(this.#planes) : 0;
+  }
+
+  get nbytes(): number {
+    return this.#planes ? this.#planes.reduce((a, p) => a + p.nbytes, 0) : 0;
+  }
+
+  /** The stored planes (borrowed), for tests. */
+  get planes(): readonly MlxArray[] | null {
+    return this.#planes;
+  }
+
+  dispose(): void {
+    disposeAll(this.#planes);
+    this.#planes = null;
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+export function describeCache(c: unknown): string {
+  if (c && typeof c === "object" && "signature" in c && typeof (c as Cache).signature === "function") {
+    return `${(c as object).constructor?.name ?? "a cache"} (${(c as Cache).signature()})`;
+  }
+  return String(c);
+}
+
+/**
+ * The planes of one side of an extend (mlx-lm's `pad` in extend): `left`
+ * zero tokens in front, cut or zero-padded on the right to `size` tokens;
+ * an empty side becomes zeros shaped like `ref`.
+ */
+export function justifyRows(ref: readonly MlxArray[], planes: readonly MlxArray[] | null, rows: number, left: number, size: number): MlxArray[] {
+  const out: MlxArray[] = [];
+  try {
+    ref.forEach((r, i) => {
+      if (!planes) {
+        out.push(zeroRows(r, rows, size));
+        return;
+      }
+      const src = planes[i]!;
+      const t = src.shape[2]!;
+      let right = size - t - left;
+      const keep = right < 0 ? Math.max(0, t + right) : t;
+      if (right < 0) right = 0;
+      using cut = keep < t ? tokens(src, 0, keep) : src.retain();
+      out.push(left !== 0 || right !== 0 ? padTokens(cut, left, right) : cut.retain());
+    });
+    return out;
+  } catch (e) {
+    disposeAll(out);
+    throw e;
+  }
+}

@@ -1,0 +1,105 @@
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { loadSafetensors, MlxArray } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import { Gemma4Model, loadGemma4Config, loadWeights, parseKvMode } from "../src/index.ts";
+import { runPython } from "../../../tools/oracle/oracle.ts";
+import { maxAbsDiff } from "../../../tools/oracle/compare.ts";
+import { MAKER, ROOT } from "./helpers.ts";
+
+const dir = mkdtempSync(join(tmpdir(), "mlxb-fwd-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const PROMPT = Array.from({ length: 64 }, (_, i) => 5 + ((i * 37) % 200));
+const STEPS = 50;
+
+function reference(ckpt: string, kv: string, chunk = 0): { logits: MlxArray; tokens: number[]; dispose(): void } {
+  const out = join(dir, `ref-${Math.random().toString(36).slice(2)}.safetensors`);
+  runPython([join(ROOT, "tools", "oracle", "gemma4_logits.py"), ckpt, out, "--ids", PROMPT.join(","), "--steps", String(STEPS), "--kv", kv, ...(chunk ? ["--chunk", String(chunk)] : [])]);
+  const l = loadSafetensors(out);
+  const logits = l.tensors.get("logits")!.eval();
+  const tokens = l.tensors.get("tokens")!.tolist() as number[];
+  return { logits, tokens, dispose: () => l[Symbol.dispose]() };
+}
+
+function ours(ckpt: string, kv: string, chunk = 0): { rows: MlxArray[]; tokens: number[] } {
+  const config = loadGemma4Config(ckpt);
+  using weights = loadWeights(ckpt, config);
+  using model = new Gemma4Model(config, weights.tensors);
+  // mlx-lm quantizes only the full-attention KVCache (its RotatingKVCache has no quantized form).
+  const caches = model.makeCaches(parseKvMode(kv), { slidingMode: parseKvMode("bf16") });
+  const rows: MlxArray[] = [];
+  const tokens: number[] = [];
+  try {
+    const step = chunk || PROMPT.length;
+    let logits: MlxArray | undefined;
+    for (let s = 0; s < PROMPT.length; s += step) {
+      logits?.dispose();
+      using ids = MlxArray.fromNumbers(PROMPT.slice(s, s + step), [1, Math.min(step, PROMPT.length - s)], "int32");
+      logits = model.forward(ids, caches).eval();
+    }
+    for (let i = 0; i <= STEPS; i++) {
+      const last = mx.index(logits!, 0, -1);
+      rows.push(last.eval());
+      logits!.dispose();
+      if (i === STEPS) break;
+      using am = mx.argmax(last, -1);
+      const tok = am.item();
+      tokens.push(tok);
+      using ids = MlxArray.fromNumbers([tok], [1, 1], "int32");
+      logits = model.forward(ids, caches).eval();
+    }
+    return { rows, tokens };
+  } finally {
+    for (const c of caches) c.dispose();
+  }
+}
+
+const made = new Map<string, string>();
+beforeAll(() => {
+  for (const [name, args] of [
+    ["small-bf16", ["--variant", "small"]],
+    ["small-4bit", ["--variant", "small", "--quant", "4bit"]],
+    ["dense-bf16", ["--variant", "dense"]],
+    ["dense-4bit", ["--variant", "dense", "--quant", "4bit"]],
+    ["moe-f32", ["--variant", "moe", "--dtype", "float32"]],
+    ["moe-4bit", ["--variant", "moe", "--quant", "4bit", "--dtype", "float32"]],
+  ] as const) {
+    const out = join(dir, name);
+    runPython([MAKER, "--out", out, ...args]);
+    made.set(name, out);
+  }
+});
+
+describe("Gemma 4 forward = mlx-lm (64-token prompt, 50 greedy tokens, every step's logits)", () => {
+  const cases: [string, string, number?][] = [
+    ["small-bf16", "bf16"],
+    ["small-bf16", "bf16", 24],
+    ["small-4bit", "bf16"],
+    ["dense-bf16", "bf16"],
+    ["dense-bf16", "q8"],
+    ["dense-bf16", "q4"],
+    ["dense-4bit", "bf16"],
+    ["moe-f32", "bf16"],
+    ["moe-4bit", "bf16"],
+    ["moe-4bit", "q8"],
+  ];
+  for (const [name, kv, chunk] of cases) {
+    test(`${name}, kv ${kv}${chunk ? `, prefill chunks of ${chunk}` : ""}: bit-exact logits, identical tokens`, () => {
+      const ckpt = made.get(name)!;
+      const ref = reference(ckpt, kv, chunk);
+      const mine = ours(ckpt, kv, chunk);
+      try {
+        expect(mine.tokens).toEqual(ref.tokens);
+        using stacked = mx.stack(mine.rows, 0);
+        expect(stacked.dtype).toBe(ref.logits.dtype);
+        expect(maxAbsDiff(stacked, ref.logits)).toBe(0);
+      } finally {
+        for (const r of mine.rows) r.dispose();
+        ref.dispose();
+      }
+    });
+  }
+});
