@@ -105,3 +105,53 @@ export function cacheOracle(
     rmSync(dir, { recursive: true, force: true });
   }
 }
+
+/** One step of a batched cache script (tools/oracle/batch_cache_oracle.py). */
+export type BatchCacheStep =
+  | { k: string; v: string; q?: string; window?: number }
+  | { trim: number }
+  | { prepare: { left_padding?: number[]; lengths?: number[]; right_padding?: number[] } }
+  | { finalize: true }
+  | { filter: number[] }
+  | { extend: string }
+  | { merge: string[] }
+  | { extract: number };
+
+/** An auxiliary cache of a scenario (a row source for merge, or the other batch of an extend). */
+export interface AuxCacheSpec {
+  kind: "KVCache" | "RotatingKVCache" | "BatchKVCache" | "BatchRotatingKVCache";
+  args?: Record<string, number | number[]>;
+  steps?: BatchCacheStep[];
+}
+
+export interface BatchScenario {
+  kind: "BatchKVCache" | "BatchRotatingKVCache";
+  /** Constructor args (left_padding, max_size); omit when the first step is a merge. */
+  args?: { left_padding?: number[]; max_size?: number };
+  /** Quantize mlx-lm's fetched K/V (the reference for an affine codec over the same layout). */
+  quantize?: { bits: number; group_size: number };
+  caches?: Record<string, AuxCacheSpec>;
+  steps: BatchCacheStep[];
+}
+
+/** Replay batched scenarios on mlx-lm's BatchKVCache / BatchRotatingKVCache in one Python process; ids are "<scenario>/<step>.<what>". */
+export function batchCacheOracle(scenarios: Record<string, BatchScenario>, inputs: Record<string, MlxArray>, scale = 1): CacheOracleResult {
+  const dir = mkdtempSync(join(tmpdir(), "mlxb-batch-oracle-"));
+  try {
+    const scriptPath = join(dir, "script.json");
+    const inPath = join(dir, "in.safetensors");
+    const outPath = join(dir, "out.safetensors");
+    writeFileSync(scriptPath, JSON.stringify({ scenarios, scale }));
+    saveSafetensors(inPath, inputs);
+    runPython([join(ROOT, "tools", "oracle", "batch_cache_oracle.py"), scriptPath, inPath, outPath]);
+    const loaded = loadSafetensors(outPath);
+    for (const a of loaded.tensors.values()) a.eval();
+    return {
+      get: (id) => loaded.tensors.get(id),
+      meta: (id) => loaded.metadata[id],
+      [Symbol.dispose]: () => loaded[Symbol.dispose](),
+    };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}

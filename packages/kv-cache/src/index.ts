@@ -20,3 +20,7 @@ export { KVCache, makeState } from "./growable.ts";
 export { RotatingKVCache } from "./rotating.ts";
 export { createCausalMask, linearMask } from "./mask.ts";
 export { toAffine, toTurboQuant } from "./convert.ts";
+export { BatchKVCache, type PrepareOptions } from "./batch.ts";
+export { BatchRotatingKVCache } from "./batch-rotating.ts";
+export { PrefillRow, type RowPadding } from "./prefill-row.ts";
+export { paddedCausalMask, rollRows } from "./rows.ts";

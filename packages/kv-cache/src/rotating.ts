@@ -154,7 +154,9 @@ export class RotatingKVCache implements Cache {
   restoreState(state: CacheState): void {
     if (state.signature !== this.signature()) fail(`RotatingKVCache.restoreState: state is ${state.signature}, this cache is ${this.signature()}`);
     const { offset, idx } = state.meta;
-    if (offset === undefined || idx === undefined || offset < 0 || idx < 0 || idx > this.maxSize) {
+    // After a multi-token chunk the buffer (and idx) can hold up to maxSize + L - 1 tokens.
+    const held = state.tensors[0]?.shape[2] ?? 0;
+    if (offset === undefined || idx === undefined || offset < 0 || idx < 0 || idx > Math.max(this.maxSize, held)) {
       fail("RotatingKVCache.restoreState: meta.offset/idx missing or invalid");
     }
     const want = this.codec.kPlanes + this.codec.vPlanes;

@@ -56,6 +56,7 @@ export interface QuantizeOptions {
  * Owns its arrays: dispose it (or `using`) to free all of them.
  */
 export class QuantizedTensor implements Disposable {
+  /** Takes ownership of the arrays (e.g. a checkpoint's `weight`, `scales`, `biases`). */
   constructor(
     readonly weight: MlxArray,
     readonly scales: MlxArray,

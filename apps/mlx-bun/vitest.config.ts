@@ -1,0 +1,3 @@
+import { packageTestConfig } from "../../tools/vitest.shared.ts";
+
+export default packageTestConfig("mlx-bun");

@@ -1,0 +1,219 @@
+// Engine: a loaded model plus the single-request generation loop (chunked prefill, pipelined
+// decode with async eval), in mlx-lm generate_step's order so greedy tokens match it.
+import { basename } from "node:path";
+import { asyncEval, evaluate, memory, MlxArray, MlxError } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import type { Cache } from "@mlx-bun/kv-cache";
+import { type KvMode, kvModeName, type LoadedModel, loadModel, parseKvMode } from "@mlx-bun/models";
+import { type Pick, Sequence } from "./sequence.ts";
+import type { GenerateRequest, GenerationStream } from "./types.ts";
+
+export interface EngineOptions {
+  /** KV cache mode: bf16 | q8 | q4 | turbo:<kbits>,<vbits> (default bf16). */
+  kv?: string | KvMode;
+  /** Bound the full-attention caches to a rotating window of this many tokens. */
+  maxKvSize?: number;
+  /** Prompt tokens per prefill step (mlx-lm's prefill_step_size, default 2048). */
+  prefillStep?: number;
+}
+
+/** Progress of a long prefill: tokens done of total. */
+export type PrefillProgress = (done: number, total: number) => void;
+
+/** Options of one generate call beyond the request itself. */
+export interface RunOptions {
+  /** Caches already holding the first `cachedTokens` prompt tokens (from the prompt cache); default fresh. */
+  caches?: Cache[];
+  cachedTokens?: number;
+  onPrefill?: PrefillProgress;
+  /** Called at the end with the caches and the token ids they hold; return true to keep them (the callee then owns them). */
+  onCaches?: (caches: Cache[], tokens: number[]) => boolean;
+}
+
+export class Engine implements Disposable {
+  readonly kvMode: KvMode;
+  readonly prefillStep: number;
+  readonly maxKvSize: number | undefined;
+  #busy = false;
+
+  constructor(
+    readonly loaded: LoadedModel,
+    opts: EngineOptions = {},
+  ) {
+    this.kvMode = typeof opts.kv === "string" ? parseKvMode(opts.kv) : (opts.kv ?? { kind: "bf16" });
+    this.prefillStep = opts.prefillStep ?? 2048;
+    if (!Number.isInteger(this.prefillStep) || this.prefillStep < 1) throw new MlxError(`prefillStep must be a positive integer, got ${this.prefillStep}`);
+    this.maxKvSize = opts.maxKvSize;
+  }
+
+  static load(dir: string, opts: EngineOptions = {}): Engine {
+    return new Engine(loadModel(dir), opts);
+  }
+
+  get modelName(): string {
+    return basename(this.loaded.dir);
+  }
+
+  get kvModeName(): string {
+    return kvModeName(this.kvMode);
+  }
+
+  /** Context length the model was trained for. */
+  get maxContext(): number {
+    return this.loaded.config.text.maxPositionEmbeddings;
+  }
+
+  makeCaches(): Cache[] {
+    return this.loaded.model.makeCaches(this.kvMode, this.maxKvSize ? { maxKvSize: this.maxKvSize } : {});
+  }
+
+  /** Logits [B, L, V] of a forward step. */
+  forward(ids: MlxArray, caches: Cache[]): MlxArray {
+    return this.loaded.model.forward(ids, caches);
+  }
+
+  /**
+   * Feed `ids` into `caches` in chunks of prefillStep, evaluating the caches after each chunk
+   * (mlx-lm's prefill loop); all but the last `keep` tokens. Returns the ids not yet fed.
+   */
+  prefill(ids: readonly number[], caches: Cache[], keep = 1, onProgress?: PrefillProgress): number[] {
+    let rest = [...ids];
+    const total = ids.length;
+    let done = 0;
+    onProgress?.(0, total);
+    while (rest.length > keep) {
+      const n = Math.min(this.prefillStep, rest.length - keep);
+      using x = MlxArray.fromNumbers(rest.slice(0, n), [1, n], "int32");
+      using logits = this.forward(x, caches);
+      // Evaluate the caches, not the logits (mlx-lm evaluates c.state).
+      const planes = caches.map((c) => c.state());
+      try {
+        evaluate(...planes.flatMap((p) => p.tensors));
+      } finally {
+        for (const p of planes) p[Symbol.dispose]();
+      }
+      void logits;
+      rest = rest.slice(n);
+      done += n;
+      onProgress?.(done, total);
+      memory.clearCache();
+    }
+    return rest;
+  }
+
+  /** Generate for one request, alone (the Scheduler batches many). */
+  generate(req: GenerateRequest, run: RunOptions = {}): GenerationStream {
+    validateRequest(req, this);
+    const seq = new Sequence(req, this.loaded.tokenizer);
+    seq.cachedTokens = run.cachedTokens ?? 0;
+    void this.#run(seq, run).catch((e) => seq.channel.fail(e));
+    return seq.channel;
+  }
+
+  async #run(seq: Sequence, run: RunOptions): Promise<void> {
+    // One request at a time through the model: requests queue here (the Scheduler interleaves).
+    while (this.#busy) await Bun.sleep(1);
+    this.#busy = true;
+    const caches = run.caches ?? this.makeCaches();
+    let kept = false;
+    // Tokens of seq.history the caches hold (a pipelined step feeds a token before it is read).
+    let inCache = 0;
+    try {
+      const prompt = seq.req.promptIds;
+      const cached = run.cachedTokens ?? 0;
+      const rest = this.prefill(prompt.slice(cached), caches, 1, run.onPrefill);
+      inCache = prompt.length - rest.length;
+      let cur = this.#step(seq, rest, caches);
+      inCache += rest.length;
+      asyncEval(cur.token, cur.logprobs);
+      for (;;) {
+        await yieldToEventLoop();
+        if (seq.req.signal?.aborted) seq.cancel();
+        if (seq.done) {
+          disposePick(cur);
+          break;
+        }
+        let next: Pick | undefined;
+        // Pipeline: feed the not-yet-read token into the next step, then read it.
+        if (!seq.needsHistory && seq.generated.length + 1 < seq.req.maxTokens) {
+          next = this.#stepLazy(seq, cur.token, caches);
+          inCache++;
+          asyncEval(next.token, next.logprobs);
+        }
+        seq.accept(cur);
+        disposePick(cur);
+        if (seq.done) {
+          if (next) disposePick(next);
+          break;
+        }
+        if (!next) {
+          next = this.#step(seq, [seq.generated.at(-1)!], caches);
+          inCache++;
+          asyncEval(next.token, next.logprobs);
+        }
+        cur = next;
+        if (seq.generated.length % 256 === 0) memory.clearCache();
+      }
+      if (run.onCaches) kept = run.onCaches(caches, seq.history.slice(0, inCache));
+    } finally {
+      this.#busy = false;
+      if (!kept) for (const c of caches) c.dispose();
+      seq.finish();
+      seq.dispose();
+    }
+  }
+
+  /** Forward `ids` (host) and pick from the last row. */
+  #step(seq: Sequence, ids: number[], caches: Cache[]): Pick {
+    using x = MlxArray.fromNumbers(ids, [1, ids.length], "int32");
+    using logits = this.forward(x, caches);
+    using row = mx.index(logits, ":", -1, ":");
+    return seq.pick(row);
+  }
+
+  /** Forward a device token [1] without reading it. */
+  #stepLazy(seq: Sequence, token: MlxArray, caches: Cache[]): Pick {
+    using t32 = mx.astype(token, "int32");
+    using x = mx.reshape(t32, [1, 1]);
+    using logits = this.forward(x, caches);
+    using row = mx.index(logits, ":", -1, ":");
+    return seq.pick(row);
+  }
+
+  dispose(): void {
+    this.loaded.dispose();
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/** Errors of a request the caller can fix; their messages name the field. */
+export class RequestError extends MlxError {
+  override name = "RequestError";
+}
+
+export function validateRequest(req: GenerateRequest, engine: Engine): void {
+  const vocab = engine.loaded.tokenizer.vocabSize;
+  if (!Array.isArray(req.promptIds) || req.promptIds.length === 0) throw new RequestError("prompt is empty");
+  for (const t of req.promptIds) {
+    if (!Number.isInteger(t) || t < 0 || t >= vocab) throw new RequestError(`prompt token id ${t} is outside the vocabulary (0..${vocab - 1})`);
+  }
+  if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1) throw new RequestError(`max_tokens must be a positive integer, got ${req.maxTokens}`);
+  if (req.promptIds.length + req.maxTokens > engine.maxContext && !engine.maxKvSize) {
+    throw new RequestError(`prompt (${req.promptIds.length} tokens) plus max_tokens (${req.maxTokens}) exceeds the model's context of ${engine.maxContext} tokens`);
+  }
+  if (req.logprobs !== undefined && (!Number.isInteger(req.logprobs) || req.logprobs < 0 || req.logprobs > 20)) {
+    throw new RequestError(`top_logprobs must be an integer in 0..20, got ${req.logprobs}`);
+  }
+}
+
+function disposePick(p: Pick): void {
+  p.token.dispose();
+  p.logprobs.dispose();
+}
+
+function yieldToEventLoop(): Promise<void> {
+  return new Promise((r) => setImmediate(r));
+}

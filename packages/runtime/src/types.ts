@@ -1,0 +1,76 @@
+// The request/response shapes shared by the generator, the scheduler and the app.
+
+/** Sampling settings of one request (OpenAI / mlx_lm.server names in the comments). */
+export interface SamplingParams {
+  /** temperature; 0 = greedy (default 0). */
+  temperature?: number;
+  /** top_p nucleus mass in (0, 1] (default 1 = off). */
+  topP?: number;
+  /** top_k; 0 = off. */
+  topK?: number;
+  /** min_p relative to the top probability; 0 = off. */
+  minP?: number;
+  /** repetition_penalty (> 0; 1 = off), over the last `penaltyContext` tokens. */
+  repetitionPenalty?: number;
+  /** presence_penalty (OpenAI), over the last `penaltyContext` tokens. */
+  presencePenalty?: number;
+  /** frequency_penalty (OpenAI), over the last `penaltyContext` tokens. */
+  frequencyPenalty?: number;
+  /** Tokens the penalties look back over (mlx-lm's repetition_context_size, default 20). */
+  penaltyContext?: number;
+  /** logit_bias: token id → additive bias. */
+  logitBias?: Record<number, number>;
+  /** seed: same seed + same settings → same tokens. */
+  seed?: number;
+}
+
+/** One generation request. */
+export interface GenerateRequest {
+  /** Prompt token ids (already templated). */
+  promptIds: number[];
+  /** max_tokens (>= 1). */
+  maxTokens: number;
+  sampling?: SamplingParams;
+  /** Stop strings: generation ends before the first occurrence; the text never includes it. */
+  stop?: string[];
+  /** Extra stop token ids (the model's eos ids always stop). */
+  stopTokenIds?: number[];
+  /** Return log-probabilities with this many top alternatives (0 = the chosen token only; undefined = none). */
+  logprobs?: number;
+  /** Abort: the request stops at the next step and frees its cache row. */
+  signal?: AbortSignal;
+}
+
+export interface TopLogprob {
+  token: number;
+  logprob: number;
+}
+
+/** One streamed step: a token and the text it completed (UTF-8-safe: never half a character). */
+export interface GenerationEvent {
+  token: number;
+  /** Text delta (may be "" while a multi-byte character or a possible stop string is pending). */
+  text: string;
+  logprob?: number;
+  topLogprobs?: TopLogprob[];
+}
+
+export type FinishReason = "stop" | "length" | "cancelled";
+
+/** The end of a request. */
+export interface GenerationResult {
+  tokens: number[];
+  text: string;
+  finishReason: FinishReason;
+  promptTokens: number;
+  /** Prompt tokens served from the prompt cache instead of prefilled. */
+  cachedTokens: number;
+  /** Seconds: time to first token, and decode time for the rest. */
+  ttft: number;
+  decodeSeconds: number;
+}
+
+/** A running request: iterate its events; `result` resolves when it ends. */
+export interface GenerationStream extends AsyncIterable<GenerationEvent> {
+  readonly result: Promise<GenerationResult>;
+}
