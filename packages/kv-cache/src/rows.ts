@@ -65,7 +65,7 @@ export function paddedCausalMask(n: number, offset: number, window: number | nul
   using lp = int32Vector(leftPadding, [leftPadding.length, 1, 1, 1]);
   using r = mx.arange(offset + n);
   using rr = mx.expand_dims(r, 0);
-  using keep = mx.less(lp, rr);
+  using keep = mx.less_equal(lp, rr);
   return mx.logical_and(causal, keep);
 }
 

@@ -88,11 +88,12 @@ export function processLogits(logits: MlxArray, history: readonly number[], s: R
     }
     if (s.presencePenalty !== 0) step(updateColumns(out, uniq, (sel) => mx.subtract(sel, s.presencePenalty)));
     if (s.frequencyPenalty !== 0) {
-      using c = MlxArray.fromNumbers(uniq.map((t) => counts.get(t)! * s.frequencyPenalty), [1, uniq.length], "float32");
-      step(updateColumns(out, uniq, (sel) => {
-        using cc = mx.astype(c, sel.dtype);
-        return mx.subtract(sel, cc);
-      }));
+      // mlx-lm subtracts once per occurrence (scatter-subtract): k passes, not one multiple of p.
+      const maxCount = Math.max(...counts.values());
+      for (let k = 1; k <= maxCount; k++) {
+        const ids = uniq.filter((t) => counts.get(t)! >= k);
+        step(updateColumns(out, ids, (sel) => mx.subtract(sel, s.frequencyPenalty)));
+      }
     }
   }
   return out;

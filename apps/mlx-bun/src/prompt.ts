@@ -1,0 +1,58 @@
+// Prompt token ids the way mlx-lm builds them: mlx_lm.generate (chat template unless
+// --ignore-chat-template, optional system prompt) and mlx_lm.server (chat template with tools, or
+// convert_chat for a model without one; raw prompts tokenized with the special tokens).
+import type { ChatMessage, ChatTemplate, Gemma4Tokenizer } from "@mlx-bun/models";
+import { convertChat } from "./server/validate.ts";
+
+/** The parts of a loaded model that prompt building needs. */
+export interface PromptModel {
+  tokenizer: Gemma4Tokenizer;
+  template: ChatTemplate | null;
+}
+
+export interface ChatPromptOptions {
+  tools?: unknown[] | null;
+  /** apply_chat_template kwargs (e.g. {enable_thinking: true}). */
+  kwargs?: Record<string, unknown> | null;
+  /** mlx_lm.server's role_mapping for a model without a chat template. */
+  roleMapping?: Record<string, string> | null;
+}
+
+/** A chat turn's prompt: the template with add_generation_prompt, else convert_chat (as mlx_lm.server). */
+export function chatPromptIds(m: PromptModel, messages: readonly ChatMessage[], opts: ChatPromptOptions = {}): number[] {
+  if (!m.template) return m.tokenizer.encode(convertChat(messages, opts.roleMapping));
+  return m.template.apply(m.tokenizer, messages, {
+    addGenerationPrompt: true,
+    tools: opts.tools ?? null,
+    ...(opts.kwargs ? { kwargs: opts.kwargs } : {}),
+  });
+}
+
+/** A raw text prompt (mlx_lm.server /v1/completions; mlx_lm.generate --ignore-chat-template): with <bos>. */
+export function rawPromptIds(m: PromptModel, text: string): number[] {
+  return m.tokenizer.encode(text, { addSpecialTokens: true });
+}
+
+export interface GeneratePromptOptions {
+  ignoreChatTemplate?: boolean;
+  systemPrompt?: string;
+  kwargs?: Record<string, unknown> | null;
+}
+
+/**
+ * mlx_lm.generate's prompt: with the chat template (and an optional system message) unless
+ * ignored or absent, then tokenized without a second <bos>.
+ */
+export function generatePromptIds(m: PromptModel, text: string, opts: GeneratePromptOptions = {}): number[] {
+  if (opts.ignoreChatTemplate || !m.template) return rawPromptIds(m, text);
+  const messages: ChatMessage[] = [];
+  if (opts.systemPrompt !== undefined) messages.push({ role: "system", content: opts.systemPrompt });
+  messages.push({ role: "user", content: text });
+  const rendered = m.template.render(messages, { addGenerationPrompt: true, ...(opts.kwargs ? { kwargs: opts.kwargs } : {}) });
+  return m.tokenizer.encode(rendered, { addSpecialTokens: false });
+}
+
+/** mlx_lm.generate expands the two-character escapes "\\n" and "\\t" of a --prompt argument. */
+export function expandEscapes(prompt: string): string {
+  return prompt.replaceAll("\\n", "\n").replaceAll("\\t", "\t");
+}
