@@ -58,4 +58,17 @@ fi
 step "building packages/mlx-ffi/native"
 cmake --build "$build" --parallel "$(nproc 2>/dev/null || sysctl -n hw.ncpu)" 2>&1 | grep -v "^ninja: no work\|Built target\|Consolidate\|^\[" || true
 test -f "$build/libmlxb.so" -o -f "$build/libmlxb.dylib"
+# 5. The bundled tiny model: mlx-bun's default --model (apps/mlx-bun), remade only when the maker
+#    script, its arguments or the wheels change.
+tiny="$native/models/tiny-gemma4"
+tiny_args="--variant small --seed 0"
+tiny_stamp="$(sha256sum tools/make-tiny-model/make_tiny_model.py | cut -c1-16) $tiny_args $wheels"
+if [ "$(cat "$tiny/.mlxb-stamp" 2>/dev/null || true)" != "$tiny_stamp" ]; then
+  step "making the bundled tiny model in .native/models/tiny-gemma4"
+  rm -rf "$tiny.tmp"
+  mkdir -p "$native/models"
+  "$venv/bin/python" tools/make-tiny-model/make_tiny_model.py $tiny_args --out "$tiny.tmp" >/dev/null
+  echo "$tiny_stamp" > "$tiny.tmp/.mlxb-stamp"
+  rm -rf "$tiny" && mv "$tiny.tmp" "$tiny"
+fi
 step "ready (bun $(bun --version), mlx $MLX_V, backend $backend)"

@@ -65,6 +65,11 @@ export class BatchRotatingKVCache implements Cache {
     return int32Vector(this.#offs);
   }
 
+  /** Cache contract: each row's RoPE position of its next token (= its offset), int32 [B]; the caller owns it. */
+  positions(): MlxArray {
+    return this.offsetsArray();
+  }
+
   get leftPadding(): number[] {
     return [...this.#lp];
   }

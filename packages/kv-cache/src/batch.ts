@@ -2,6 +2,7 @@
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { checkKv, type KvCodec, plainCodec } from "./codec.ts";
 import { KVCache, makeState } from "./growable.ts";
+import { PrefillRow } from "./prefill-row.ts";
 import { catTokens, disposeAll, planeBytesPerToken, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
 import {
   catRows,
@@ -102,6 +103,11 @@ export class BatchKVCache implements Cache {
   /** The row offsets as int32 [B] (for per-row RoPE positions); the caller owns it. */
   offsetsArray(): MlxArray {
     return int32Vector(this.offsets);
+  }
+
+  /** Cache contract: each row's RoPE position of its next token (= its offset), int32 [B]; the caller owns it. */
+  positions(): MlxArray {
+    return this.offsetsArray();
   }
 
   get leftPadding(): number[] {
@@ -323,13 +329,17 @@ export class BatchKVCache implements Cache {
     return out;
   }
 
-  /** One batch from single-row KVCaches of one codec, left-padded to the longest (mlx-lm's merge). The rows are not changed. */
+  /**
+   * One batch from single-row KVCaches (or PrefillRows) of one codec,
+   * left-padded to the longest (mlx-lm's merge). The rows are not changed.
+   */
   static merge(caches: readonly Cache[]): BatchKVCache {
     if (caches.length === 0) fail("BatchKVCache.merge: no caches");
     caches.forEach((c, i) => {
-      if (!(c instanceof KVCache)) fail(`BatchKVCache.merge: row ${i} is ${describeCache(c)}, expected a KVCache`);
+      if (!(c instanceof KVCache || c instanceof PrefillRow)) fail(`BatchKVCache.merge: row ${i} is ${describeCache(c)}, expected a KVCache or PrefillRow`);
     });
-    const rows = caches as readonly KVCache[];
+    // A PrefillRow contributes its valid tokens only (its state never holds padding).
+    const rows = caches as readonly (KVCache | PrefillRow)[];
     const codec = rows[0]!.codec;
     rows.forEach((c, i) => {
       if (c.signature() !== rows[0]!.signature() || !sameCodec(c.codec, codec)) {

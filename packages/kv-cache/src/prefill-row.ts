@@ -5,7 +5,7 @@ import { checkKv, type KvCodec, plainCodec } from "./codec.ts";
 import { KVCache, makeState } from "./growable.ts";
 import { linearMask } from "./mask.ts";
 import { disposeAll, tokens } from "./planes.ts";
-import { paddedCausalMask } from "./rows.ts";
+import { int32Vector, paddedCausalMask } from "./rows.ts";
 import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
 
 /** Padding of a prefill row: left padding (empty row only) and trailing padding of the next chunk. */
@@ -77,6 +77,11 @@ export class PrefillRow implements Cache {
   /** The RoPE position of the next physical token: physicalLength - leftPadding (negative inside the left padding). */
   get positionOffset(): number {
     return this.#inner.offset - this.#lp;
+  }
+
+  /** Cache contract: the RoPE position of the next physical token, int32 [1] (= positionOffset); the caller owns it. */
+  positions(): MlxArray {
+    return int32Vector([this.positionOffset]);
   }
 
   /** Valid tokens (padding excluded). */

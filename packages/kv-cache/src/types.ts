@@ -39,6 +39,12 @@ export interface CacheState extends Disposable {
 export interface Cache extends Disposable {
   /** Tokens seen (the position of the next token). */
   readonly offset: number;
+  /**
+   * Batched caches: the RoPE position of the next token of each row, int32 [B] (rows are
+   * left-padded, so positions differ from `offset`). Single-sequence caches leave it out and
+   * the position is `offset`. The caller owns the array.
+   */
+  positions?(): MlxArray;
   /** Prefixes shorter than this cannot be reused by trimming (an irreversible conversion happened). */
   minimumReusableOffset: number;
   /** Append k/v [B, H, L, D] and return the attention view over everything cached. */

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "vitest";
 import { type MlxArray, memory } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { KVCache, type KvCodec, type Mask, PrefillRow, affineCodec, makeState, plainCodec, turboQuantCodec } from "../src/index.ts";
+import { BatchKVCache, KVCache, type KvCodec, type Mask, PrefillRow, affineCodec, makeState, plainCodec, turboQuantCodec } from "../src/index.ts";
 import { exactDiff, maxAbsDiff } from "../../../tools/oracle/compare.ts";
 
 const H = 2;
@@ -106,6 +106,10 @@ describe("a left-padded prefill row equals a cache fed the unpadded tokens", () 
       using ref = new KVCache(codec);
       row.prepare({ leftPadding: 3 });
       expect([row.offset, row.physicalLength, row.leftPadding, row.positionOffset]).toEqual([0, 0, 3, -3]);
+      {
+        using pos = row.positions();
+        expect(Array.from(pos.toTypedArray() as Int32Array)).toEqual([-3]);
+      }
       let worst = 0;
       {
         using c = chunk(5, 10, 3);
@@ -209,6 +213,26 @@ describe("right padding and prefill inside a padded batch", () => {
     expectSameState(row, ref);
     using x = row.extract();
     expect(x.minimumReusableOffset).toBe(6);
+  });
+});
+
+describe("joining a decode batch", () => {
+  test("BatchKVCache.merge takes a padded row's valid tokens only", () => {
+    using row = new PrefillRow(affineCodec(4, 64));
+    using ref = new KVCache(affineCodec(4, 64));
+    using other = new KVCache(affineCodec(4, 64));
+    row.prepare({ leftPadding: 2 });
+    {
+      using c = chunk(3, 100, 2);
+      step(row, ref, c, 2, null, false);
+    }
+    using k = rand([1, H, 6, D], 101);
+    other.updateAndFetch(k, k).dispose();
+    using batch = BatchKVCache.merge([row, other]);
+    expect(batch.leftPadding).toEqual([3, 0]);
+    expect(batch.offsets).toEqual([3, 6]);
+    using x = batch.extract(0);
+    expectSameState(x, ref);
   });
 });
 

@@ -54,3 +54,13 @@ export {
   type SafetensorsLoad,
   type TensorInfo,
 } from "./safetensors.ts";
+export {
+  MappedFile,
+  PAD_PREFIX,
+  liveMappings,
+  mapSafetensors,
+  saveMappableSafetensors,
+  type MappableSaveInfo,
+  type MappableSaveOptions,
+  type MappedSafetensors,
+} from "./mmap.ts";

@@ -1,5 +1,7 @@
 // Open a checkpoint directory: config, lazily loaded weights, the model, tokenizer and chat template.
-import { createHash } from "node:crypto";
+import { createHash, type Hash } from "node:crypto";
+import { closeSync, fstatSync, openSync, readSync } from "node:fs";
+import { basename } from "node:path";
 import { ChatTemplate } from "./chat-template.ts";
 import { type Gemma4Config, loadGemma4Config } from "./config.ts";
 import { Gemma4Model } from "./model/gemma4.ts";
@@ -14,7 +16,12 @@ export interface LoadedModel extends Disposable {
   tokenizer: Gemma4Tokenizer;
   /** null when the checkpoint has no chat template. */
   template: ChatTemplate | null;
-  /** Identifies the weights and architecture (config + tensor names, shapes, dtypes): a KV snapshot of another model is refused. */
+  /**
+   * Identifies the architecture and the weights: config, tensor names/shapes/dtypes, and per
+   * weight file its size, header bytes and a few sampled 4 KiB blocks of data (see
+   * `hashWeightFile`), so a KV snapshot of another model, same-shaped checkpoints included, is
+   * refused. Costs a few small reads per file, never a read of the whole model.
+   */
   fingerprint: string;
   weights: LoadedWeights;
   dispose(): void;
@@ -38,12 +45,56 @@ export function loadModel(dir: string): LoadedModel {
     weights.dispose();
     throw e;
   }
-  const h = createHash("sha256").update(JSON.stringify(config.raw));
-  for (const [name, a] of [...weights.tensors].sort(([a], [b]) => (a < b ? -1 : 1))) h.update(`${name}:${a.dtype}:${a.shape.join("x")};`);
-  const fingerprint = h.digest("hex").slice(0, 32);
+  let fingerprint: string;
+  try {
+    const h = createHash("sha256").update(JSON.stringify(config.raw));
+    for (const [name, a] of [...weights.tensors].sort(([a], [b]) => (a < b ? -1 : 1))) h.update(`${name}:${a.dtype}:${a.shape.join("x")};`);
+    for (const f of [...weights.files.files].sort()) hashWeightFile(h, f);
+    fingerprint = h.digest("hex").slice(0, 32);
+  } catch (e) {
+    model.dispose();
+    weights.dispose();
+    throw e;
+  }
   const dispose = (): void => {
     model.dispose();
     weights.dispose();
   };
   return { dir, config, model, tokenizer, template, fingerprint, weights, dispose, [Symbol.dispose]: dispose };
+}
+
+/** Blocks sampled from each weight file's data section by the fingerprint. */
+export const FINGERPRINT_SAMPLES = 8;
+const BLOCK = 4096;
+
+/**
+ * Feed one safetensors file into a fingerprint: its name and size, the raw header (tensor
+ * names, dtypes, offsets, metadata) and FINGERPRINT_SAMPLES blocks of 4 KiB spread evenly over
+ * the data section (first and last included). Two checkpoints of the same architecture but
+ * different weights differ in their sampled bytes; the file is never read whole.
+ */
+export function hashWeightFile(h: Hash, file: string): void {
+  const fd = openSync(file, "r");
+  try {
+    const size = fstatSync(fd).size;
+    h.update(`file:${basename(file)}:${size};`);
+    const len = Buffer.alloc(8);
+    if (size < 8 || readSync(fd, len, 0, 8, 0) !== 8) return;
+    const headerLen = Math.min(Number(len.readBigUInt64LE(0)), Math.max(0, size - 8));
+    const header = Buffer.alloc(headerLen);
+    readSync(fd, header, 0, headerLen, 8);
+    h.update(header);
+    const start = 8 + headerLen;
+    const span = size - start;
+    if (span <= 0) return;
+    const block = Buffer.alloc(Math.min(BLOCK, span));
+    const last = span - block.length;
+    for (let i = 0; i < FINGERPRINT_SAMPLES; i++) {
+      const at = start + Math.floor((last * i) / (FINGERPRINT_SAMPLES - 1));
+      const n = readSync(fd, block, 0, block.length, at);
+      h.update(block.subarray(0, n));
+    }
+  } finally {
+    closeSync(fd);
+  }
 }

@@ -106,10 +106,10 @@ function range(key: string, v: number, rule: NumberRule): number {
   return v;
 }
 
-function bool(body: Record<string, unknown>, key: string, def: boolean): boolean {
+function bool(body: Record<string, unknown>, key: string, def: boolean, label = key): boolean {
   const v = body[key];
   if (v === undefined || v === null) return def;
-  if (typeof v !== "boolean") throw badField(key, `${key} must be a boolean, got ${typeName(v)}`, "invalid_type");
+  if (typeof v !== "boolean") throw badField(label, `${label} must be a boolean, got ${typeName(v)}`, "invalid_type");
   return v;
 }
 
@@ -141,7 +141,7 @@ function parseCommon(body: Record<string, unknown>, ctx: ValidationContext, endp
   const stream = bool(body, "stream", false);
   let includeUsage = false;
   const so = obj(body, "stream_options");
-  if (so) includeUsage = bool(so, "include_usage", false);
+  if (so) includeUsage = bool(so, "include_usage", false, "stream_options.include_usage");
 
   // max_completion_tokens (OpenAI's newer name) wins over max_tokens, as in mlx_lm.server.
   const maxKey = body.max_completion_tokens !== undefined && body.max_completion_tokens !== null ? "max_completion_tokens" : "max_tokens";

@@ -1,0 +1,55 @@
+// mlx-bun serve: the OpenAI-compatible HTTP server (a drop-in for mlx_lm.server).
+import { basename } from "node:path";
+import { loadEngine } from "../load.ts";
+import type { ModelOptions, SamplingOptions } from "../options.ts";
+import { startServer } from "../server/http.ts";
+
+export interface ServeOptions extends ModelOptions, SamplingOptions {
+  host: string;
+  port: number;
+  apiKey?: string;
+  maxBatch?: number;
+  memoryBudget?: number;
+  maxBodySize: number;
+  allowedOrigins: string[];
+  chatTemplateArgs?: Record<string, unknown>;
+  anyModel?: boolean;
+  log: boolean;
+}
+
+export async function runServe(o: ServeOptions): Promise<number> {
+  const { engine, model } = await loadEngine(o);
+  const { Scheduler } = await import("@mlx-bun/runtime");
+  const scheduler = new Scheduler(engine, {
+    ...(o.maxBatch !== undefined ? { maxBatch: o.maxBatch } : {}),
+    ...(o.memoryBudget !== undefined ? { memoryBudgetBytes: o.memoryBudget } : {}),
+  });
+  const apiKey = o.apiKey ?? (process.env.MLX_BUN_API_KEY || undefined);
+  const srv = startServer({
+    model: engine.loaded,
+    scheduler,
+    modelId: model.id,
+    modelAliases: [...new Set([model.dir, basename(model.dir), engine.modelName].filter((a) => a !== model.id))],
+    anyModel: o.anyModel,
+    host: o.host,
+    port: o.port,
+    ...(apiKey ? { apiKey } : {}),
+    maxBodyBytes: o.maxBodySize,
+    defaults: { maxTokens: o.maxTokens, temperature: o.temp, topP: o.topP, topK: o.topK, minP: o.minP },
+    ...(o.chatTemplateArgs ? { chatTemplateArgs: o.chatTemplateArgs } : {}),
+    allowedOrigins: o.allowedOrigins,
+    ...(o.log ? { log: (l: string) => process.stderr.write(`${new Date().toISOString()} ${l}\n`) } : {}),
+  });
+  // One line tests and scripts can wait for (with the real port when --port 0).
+  process.stderr.write(`mlx-bun serve: ${model.id} (kv ${engine.kvModeName}) listening on ${srv.url}${apiKey ? " (API key required)" : ""}\n`);
+  await new Promise<void>((resolve) => {
+    const stop = () => resolve();
+    process.once("SIGINT", stop);
+    process.once("SIGTERM", stop);
+  });
+  process.stderr.write("mlx-bun serve: shutting down\n");
+  await srv.stop();
+  scheduler.close();
+  engine.dispose();
+  return 0;
+}

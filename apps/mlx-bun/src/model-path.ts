@@ -1,0 +1,45 @@
+// --model: a local checkpoint directory, a Hugging Face repo id (downloaded into the cache), or
+// nothing (the bundled tiny model that tools/setup.sh makes).
+import { existsSync, statSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { type DownloadOptions, downloadModel, isRepoId } from "./hub.ts";
+
+/** The repository root (apps/mlx-bun/src → ../../..). */
+export const REPO_ROOT = fileURLToPath(new URL("../../..", import.meta.url));
+
+/** Where tools/setup.sh writes the bundled tiny model. */
+export const TINY_MODEL_DIR = join(REPO_ROOT, ".native", "models", "tiny-gemma4");
+
+export class ModelNotFoundError extends Error {
+  override name = "ModelNotFoundError";
+}
+
+export interface ResolvedModel {
+  /** A local directory holding config.json. */
+  dir: string;
+  /** The name to show and serve: the repo id, the path as given, or "tiny-gemma4". */
+  id: string;
+  source: "local" | "hub" | "bundled";
+}
+
+/** Resolve --model to a local directory, downloading a repo id if needed. */
+export async function resolveModel(model: string | undefined, dl: DownloadOptions = {}): Promise<ResolvedModel> {
+  if (model === undefined || model === "") {
+    if (!existsSync(join(TINY_MODEL_DIR, "config.json"))) {
+      throw new ModelNotFoundError(
+        `no --model given and the bundled tiny model is missing (${TINY_MODEL_DIR}).\n` +
+          "  Run `bash tools/setup.sh` to create it, or pass --model <dir | owner/repo>.",
+      );
+    }
+    return { dir: TINY_MODEL_DIR, id: "tiny-gemma4", source: "bundled" };
+  }
+  const local = resolve(model);
+  if (existsSync(local)) {
+    if (!statSync(local).isDirectory()) throw new ModelNotFoundError(`--model ${model}: not a directory`);
+    if (!existsSync(join(local, "config.json"))) throw new ModelNotFoundError(`--model ${model}: no config.json in ${local}`);
+    return { dir: local, id: model, source: "local" };
+  }
+  if (isRepoId(model)) return { dir: await downloadModel(model, dl), id: model, source: "hub" };
+  throw new ModelNotFoundError(`--model ${model}: no such directory, and not a Hugging Face repo id (owner/name)`);
+}

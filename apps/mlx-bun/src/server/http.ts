@@ -1,0 +1,477 @@
+// The HTTP layer: an OpenAI-compatible server on Bun.serve, a drop-in for mlx_lm.server
+// (/v1/chat/completions, /v1/completions, /v1/models, /health), over the runtime's scheduler.
+import { randomUUID, timingSafeEqual } from "node:crypto";
+import { memory, mlxVersion } from "@mlx-bun/mlx-ffi";
+import type { ChatTemplate, Gemma4Tokenizer } from "@mlx-bun/models";
+import type { GenerateRequest, GenerationEvent, GenerationResult, GenerationStream } from "@mlx-bun/runtime";
+import { chatPromptIds, rawPromptIds } from "../prompt.ts";
+import { VERSION } from "../version.ts";
+import { ApiError } from "./errors.ts";
+import {
+  MLX_LM_SERVER_DEFAULTS,
+  type ParsedRequest,
+  parseChatRequest,
+  parseCompletionRequest,
+  parseJsonBody,
+  type RequestDefaults,
+  toGenerateRequest,
+  type ValidationContext,
+} from "./validate.ts";
+
+/** What the server needs of the loaded model (an Engine's `loaded`). */
+export interface ServedModel {
+  dir: string;
+  tokenizer: Gemma4Tokenizer;
+  template: ChatTemplate | null;
+  config: { text: { maxPositionEmbeddings: number } };
+}
+
+/** What the server needs of the scheduler: submit a request, count the running ones. */
+export interface RequestSink {
+  submit(req: GenerateRequest): GenerationStream;
+  readonly active: number;
+}
+
+export interface ServerOptions {
+  model: ServedModel;
+  scheduler: RequestSink;
+  /** The id /v1/models lists and responses echo by default. */
+  modelId: string;
+  /** Other names a request's "model" may use (default_model is always accepted). */
+  modelAliases?: string[];
+  /** Accept any "model" name instead of a 404 for an unknown one. */
+  anyModel?: boolean;
+  host?: string;
+  /** 0 picks a free port. Default 8080, as mlx_lm.server. */
+  port?: number;
+  /** Require "Authorization: Bearer <apiKey>" (all endpoints but /health). */
+  apiKey?: string;
+  /** Largest request body in bytes (413 beyond it). Default 16 MiB. */
+  maxBodyBytes?: number;
+  defaults?: Partial<RequestDefaults>;
+  /** Server-wide chat template kwargs (mlx_lm.server --chat-template-args); a request's chat_template_kwargs override them. */
+  chatTemplateArgs?: Record<string, unknown>;
+  /** CORS origins; "*" (the default) allows any. */
+  allowedOrigins?: string[];
+  /** One line per request (default: none). */
+  log?: (line: string) => void;
+}
+
+export interface RunningServer {
+  server: ReturnType<typeof Bun.serve>;
+  /** e.g. http://127.0.0.1:8080 */
+  url: string;
+  port: number;
+  stop(): Promise<void>;
+}
+
+const JSON_HEADERS = { "Content-Type": "application/json" };
+
+/** Start the server; resolves once it listens. */
+export function startServer(opts: ServerOptions): RunningServer {
+  const app = new App(opts);
+  const maxBody = opts.maxBodyBytes ?? 16 * 1024 * 1024;
+  const server = Bun.serve({
+    hostname: opts.host ?? "127.0.0.1",
+    port: opts.port ?? 8080,
+    // Our own check answers 413 with JSON first; Bun's limit is only a backstop.
+    maxRequestBodySize: maxBody + 16 * 1024 * 1024,
+    idleTimeout: 0,
+    fetch: (req, srv) => app.handle(req, srv),
+    error: (e) => app.errorResponse(new ApiError(500, `internal error: ${(e as Error).message}`)),
+  });
+  const host = server.hostname?.includes(":") ? `[${server.hostname}]` : server.hostname;
+  return {
+    server,
+    url: `http://${host}:${server.port}`,
+    port: server.port!,
+    stop: async () => {
+      await server.stop(true);
+    },
+  };
+}
+
+class App {
+  readonly created = Math.floor(Date.now() / 1000);
+  readonly fingerprint: string;
+  readonly vctx: ValidationContext;
+  readonly maxBody: number;
+  readonly contextLength: number;
+  readonly origins: string[];
+  readonly apiKey: Buffer | null;
+
+  constructor(readonly opts: ServerOptions) {
+    let mlx = "unknown";
+    try {
+      mlx = mlxVersion();
+    } catch {
+      // the version is informational
+    }
+    this.fingerprint = `mlx-bun-${VERSION}-mlx-${mlx}-${process.platform}-${process.arch}`;
+    this.vctx = {
+      defaults: { ...MLX_LM_SERVER_DEFAULTS, ...opts.defaults },
+      vocabSize: opts.model.tokenizer.vocabSize,
+      modelIds: opts.anyModel ? [] : [opts.modelId, ...(opts.modelAliases ?? [])],
+    };
+    this.maxBody = opts.maxBodyBytes ?? 16 * 1024 * 1024;
+    this.contextLength = opts.model.config.text.maxPositionEmbeddings;
+    this.origins = opts.allowedOrigins ?? ["*"];
+    this.apiKey = opts.apiKey ? Buffer.from(opts.apiKey) : null;
+  }
+
+  cors(req: Request | null): Record<string, string> {
+    const h: Record<string, string> = { "Access-Control-Allow-Methods": "*", "Access-Control-Allow-Headers": "*" };
+    const origin = req?.headers.get("origin");
+    if (this.origins.includes("*")) h["Access-Control-Allow-Origin"] = "*";
+    else if (origin && this.origins.includes(origin)) {
+      h["Access-Control-Allow-Origin"] = origin;
+      h.Vary = "Origin";
+    }
+    return h;
+  }
+
+  json(req: Request | null, status: number, body: unknown, extra: Record<string, string> = {}): Response {
+    return new Response(JSON.stringify(body), { status, headers: { ...JSON_HEADERS, ...this.cors(req), ...extra } });
+  }
+
+  errorResponse(e: ApiError, req: Request | null = null): Response {
+    const extra: Record<string, string> = e.status === 401 ? { "WWW-Authenticate": "Bearer" } : {};
+    return this.json(req, e.status, e.body(), extra);
+  }
+
+  async handle(req: Request, _srv: unknown): Promise<Response> {
+    const t0 = performance.now();
+    const path = new URL(req.url).pathname.replace(/\/+$/, "") || "/";
+    let res: Response;
+    try {
+      res = await this.route(req, path);
+    } catch (e) {
+      res = this.errorResponse(toApiError(e), req);
+    }
+    this.opts.log?.(`${req.method} ${path} ${res.status} ${((performance.now() - t0) / 1000).toFixed(3)}s`);
+    return res;
+  }
+
+  async route(req: Request, path: string): Promise<Response> {
+    if (req.method === "OPTIONS") return new Response(null, { status: 204, headers: this.cors(req) });
+    const post = ["/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"];
+    const get = path === "/health" || path === "/v1/models" || path.startsWith("/v1/models/");
+    if (!post.includes(path) && !get) throw new ApiError(404, `Unknown endpoint ${req.method} ${path}`, null, "not_found");
+    if (path !== "/health") this.authorize(req);
+    if (get) {
+      if (req.method !== "GET" && req.method !== "HEAD") throw new ApiError(405, `${path} takes GET, not ${req.method}`, null, "method_not_allowed");
+      if (path === "/health") return this.health(req);
+      return this.models(req, path);
+    }
+    if (req.method !== "POST") throw new ApiError(405, `${path} takes POST, not ${req.method}`, null, "method_not_allowed");
+    const body = parseJsonBody(await this.readBody(req));
+    const parsed = path.endsWith("/chat/completions") ? parseChatRequest(body, this.vctx) : parseCompletionRequest(body, this.vctx);
+    return this.complete(req, parsed);
+  }
+
+  authorize(req: Request): void {
+    if (!this.apiKey) return;
+    const h = req.headers.get("authorization") ?? "";
+    const m = /^Bearer\s+(.+)$/i.exec(h.trim());
+    const given = m ? Buffer.from(m[1]!) : null;
+    if (!given || given.length !== this.apiKey.length || !timingSafeEqual(given, this.apiKey)) {
+      throw new ApiError(401, given ? "Incorrect API key provided" : "Missing API key: send 'Authorization: Bearer <key>'", null, "invalid_api_key");
+    }
+  }
+
+  async readBody(req: Request): Promise<string> {
+    const declared = req.headers.get("content-length");
+    if (declared !== null) {
+      const n = Number(declared);
+      if (!Number.isFinite(n) || n < 0) throw new ApiError(400, "Invalid Content-Length header", null, "invalid_request");
+      if (n > this.maxBody) throw tooLarge(this.maxBody);
+    }
+    if (!req.body) return "";
+    const chunks: Uint8Array[] = [];
+    let total = 0;
+    const reader = req.body.getReader();
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      total += value.byteLength;
+      if (total > this.maxBody) {
+        void reader.cancel().catch(() => {});
+        throw tooLarge(this.maxBody);
+      }
+      chunks.push(value);
+    }
+    try {
+      return new TextDecoder("utf-8", { fatal: true }).decode(Buffer.concat(chunks));
+    } catch {
+      throw new ApiError(400, "Request body is not valid UTF-8", null, "invalid_json");
+    }
+  }
+
+  health(req: Request): Response {
+    return this.json(req, 200, {
+      status: "ok",
+      model: this.opts.modelId,
+      active_requests: this.opts.scheduler.active,
+      memory: { active_bytes: memory.active(), peak_bytes: memory.peak(), cache_bytes: memory.cache() },
+    });
+  }
+
+  modelCard() {
+    return { id: this.opts.modelId, object: "model", created: this.created, owned_by: "mlx-bun" };
+  }
+
+  models(req: Request, path: string): Response {
+    if (path === "/v1/models") return this.json(req, 200, { object: "list", data: [this.modelCard()] });
+    const id = decodeURIComponent(path.slice("/v1/models/".length));
+    const names = [this.opts.modelId, ...(this.opts.modelAliases ?? []), "default_model"];
+    if (!names.includes(id)) throw new ApiError(404, `The model '${id}' does not exist`, "model", "model_not_found");
+    return this.json(req, 200, this.modelCard());
+  }
+
+  promptIds(p: ParsedRequest): number[] {
+    const m = this.opts.model;
+    if (p.kind === "completion") return typeof p.prompt === "string" ? rawPromptIds(m, p.prompt) : p.prompt;
+    const kwargs = { ...this.opts.chatTemplateArgs, ...p.chatTemplateKwargs };
+    try {
+      return chatPromptIds(m, p.messages, { tools: p.tools, kwargs, roleMapping: p.roleMapping });
+    } catch (e) {
+      // The template rejects the conversation (e.g. its raise_exception on a bad role order).
+      throw new ApiError(400, `chat template: ${(e as Error).message}`, "messages", "invalid_value");
+    }
+  }
+
+  async complete(req: Request, p: ParsedRequest): Promise<Response> {
+    const abort = new AbortController();
+    const onAbort = () => abort.abort();
+    req.signal.addEventListener("abort", onAbort, { once: true });
+    const promptIds = this.promptIds(p);
+    const greq = toGenerateRequest(p, promptIds, this.contextLength, abort.signal);
+    let stream: GenerationStream;
+    try {
+      stream = this.opts.scheduler.submit(greq);
+    } catch (e) {
+      req.signal.removeEventListener("abort", onAbort);
+      throw e;
+    }
+    const meta: ResponseMeta = {
+      id: `${p.kind === "chat" ? "chatcmpl" : "cmpl"}-${randomUUID()}`,
+      created: Math.floor(Date.now() / 1000),
+      model: p.model,
+      system_fingerprint: this.fingerprint,
+    };
+    const fmt = new Formatter(p, meta, this.opts.model.tokenizer);
+    if (p.stream) return this.streamResponse(req, fmt, stream, abort, () => req.signal.removeEventListener("abort", onAbort));
+    return await this.wholeResponse(req, fmt, stream, abort, () => req.signal.removeEventListener("abort", onAbort));
+  }
+
+  async wholeResponse(req: Request, fmt: Formatter, stream: GenerationStream, abort: AbortController, done: () => void): Promise<Response> {
+    try {
+      for await (const ev of stream) fmt.add(ev);
+      const result = await stream.result;
+      return this.json(req, 200, fmt.whole(result));
+    } catch (e) {
+      abort.abort();
+      throw e;
+    } finally {
+      done();
+    }
+  }
+
+  streamResponse(req: Request, fmt: Formatter, stream: GenerationStream, abort: AbortController, done: () => void): Response {
+    const enc = new TextEncoder();
+    const it = stream[Symbol.asyncIterator]();
+    let finished = false;
+    const finish = () => {
+      if (finished) return;
+      finished = true;
+      done();
+    };
+    const sse = (o: unknown) => enc.encode(`data: ${JSON.stringify(o)}\n\n`);
+    const body = new ReadableStream<Uint8Array>({
+      pull: async (c) => {
+        try {
+          for (;;) {
+            const r = await it.next();
+            if (r.done) break;
+            const chunk = fmt.addAndChunk(r.value);
+            if (chunk) {
+              c.enqueue(sse(chunk));
+              return;
+            }
+          }
+          const result = await stream.result;
+          c.enqueue(sse(fmt.finalChunk(result)));
+          if (fmt.p.includeUsage) c.enqueue(sse(fmt.usageChunk(result)));
+          c.enqueue(enc.encode("data: [DONE]\n\n"));
+          c.close();
+          finish();
+        } catch (e) {
+          // Headers are gone: report the fault in the stream itself, then end it.
+          abort.abort();
+          try {
+            c.enqueue(sse(toApiError(e).body()));
+            c.close();
+          } catch {
+            // the client is gone
+          }
+          finish();
+        }
+      },
+      cancel: () => {
+        // The client went away mid-stream: cancel the request (its cache row is freed).
+        abort.abort();
+        finish();
+      },
+    });
+    return new Response(body, {
+      status: 200,
+      headers: { "Content-Type": "text/event-stream", "Cache-Control": "no-cache", Connection: "keep-alive", ...this.cors(req) },
+    });
+  }
+}
+
+function tooLarge(limit: number): ApiError {
+  return new ApiError(413, `Request body is larger than the limit of ${limit} bytes`, null, "request_too_large");
+}
+
+/** Map anything thrown while serving to an ApiError: the runtime's RequestError is the caller's fault (400). */
+export function toApiError(e: unknown): ApiError {
+  if (e instanceof ApiError) return e;
+  const err = e as Error;
+  if (err && (err.name === "RequestError" || err.constructor?.name === "RequestError")) return new ApiError(400, err.message, null, "invalid_value");
+  return new ApiError(500, `internal error: ${err?.message ?? String(e)}`, null, null, "server_error");
+}
+
+interface ResponseMeta {
+  id: string;
+  created: number;
+  model: string;
+  system_fingerprint: string;
+}
+
+interface LogprobEntry {
+  id: number;
+  token: string;
+  logprob: number;
+  bytes: number[];
+  top_logprobs: { id: number; token: string; logprob: number; bytes: number[] }[];
+}
+
+/** Builds mlx_lm.server / OpenAI response bodies from generation events. */
+class Formatter {
+  readonly chat: boolean;
+  readonly entries: LogprobEntry[] = [];
+  text = "";
+
+  constructor(
+    readonly p: ParsedRequest,
+    readonly meta: ResponseMeta,
+    readonly tokenizer: Gemma4Tokenizer,
+  ) {
+    this.chat = p.kind === "chat";
+  }
+
+  tokenInfo(id: number) {
+    let bytes: number[] = [];
+    try {
+      bytes = Array.from(this.tokenizer.tokenBytes(id));
+    } catch {
+      // an id outside the vocabulary has no bytes
+    }
+    return { id, token: this.tokenizer.decode([id]), bytes };
+  }
+
+  entry(ev: GenerationEvent): LogprobEntry | null {
+    if (this.p.logprobs === undefined || ev.logprob === undefined) return null;
+    return {
+      ...this.tokenInfo(ev.token),
+      logprob: ev.logprob,
+      top_logprobs: (ev.topLogprobs ?? []).map((t) => ({ ...this.tokenInfo(t.token), logprob: t.logprob })),
+    };
+  }
+
+  add(ev: GenerationEvent): LogprobEntry | null {
+    this.text += ev.text;
+    const e = this.entry(ev);
+    if (e) this.entries.push(e);
+    return e;
+  }
+
+  logprobsBlock(entries: LogprobEntry[], textOffset0: number) {
+    if (this.p.logprobs === undefined) return undefined;
+    const block: Record<string, unknown> = { content: entries };
+    if (this.chat) block.refusal = null;
+    else {
+      // OpenAI's legacy completions shape, alongside mlx_lm.server's "content" list.
+      let off = textOffset0;
+      block.tokens = entries.map((e) => e.token);
+      block.token_logprobs = entries.map((e) => e.logprob);
+      block.top_logprobs = entries.map((e) => Object.fromEntries(e.top_logprobs.map((t) => [t.token, t.logprob])));
+      block.text_offset = entries.map((e) => {
+        const o = off;
+        off += e.token.length;
+        return o;
+      });
+    }
+    return block;
+  }
+
+  base(object: string) {
+    return { id: this.meta.id, object, created: this.meta.created, model: this.meta.model, system_fingerprint: this.meta.system_fingerprint };
+  }
+
+  /** One streamed chunk for an event, or null when it carries nothing to send. */
+  addAndChunk(ev: GenerationEvent): Record<string, unknown> | null {
+    const offset = this.text.length;
+    const e = this.add(ev);
+    if (!ev.text && !e) return null;
+    return this.chunk(ev.text, null, e ? [e] : [], offset);
+  }
+
+  chunk(text: string, finish: string | null, entries: LogprobEntry[], offset: number): Record<string, unknown> {
+    const choice: Record<string, unknown> = { index: 0, finish_reason: finish };
+    if (this.chat) {
+      const delta: Record<string, unknown> = { role: "assistant" };
+      if (text) delta.content = text;
+      choice.delta = delta;
+    } else choice.text = text;
+    const lp = entries.length ? this.logprobsBlock(entries, offset) : undefined;
+    choice.logprobs = lp ?? null;
+    return { ...this.base(this.chat ? "chat.completion.chunk" : "text_completion"), choices: [choice] };
+  }
+
+  finalChunk(r: GenerationResult): Record<string, unknown> {
+    // The generator's events carry all the text; any tail it settled at the end is in result.text.
+    const tail = r.text.startsWith(this.text) ? r.text.slice(this.text.length) : "";
+    const offset = this.text.length;
+    this.text += tail;
+    return this.chunk(tail, finishReason(r), [], offset);
+  }
+
+  usage(r: GenerationResult) {
+    const completion = r.tokens.length;
+    return {
+      prompt_tokens: r.promptTokens,
+      completion_tokens: completion,
+      total_tokens: r.promptTokens + completion,
+      prompt_tokens_details: { cached_tokens: r.cachedTokens },
+    };
+  }
+
+  usageChunk(r: GenerationResult): Record<string, unknown> {
+    return { ...this.base(this.chat ? "chat.completion.chunk" : "text_completion"), choices: [], usage: this.usage(r) };
+  }
+
+  whole(r: GenerationResult): Record<string, unknown> {
+    const text = r.text;
+    const choice: Record<string, unknown> = { index: 0, finish_reason: finishReason(r) };
+    if (this.chat) choice.message = { role: "assistant", content: text ? text : null };
+    else choice.text = text;
+    choice.logprobs = this.logprobsBlock(this.entries, 0) ?? null;
+    return { ...this.base(this.chat ? "chat.completion" : "text_completion"), choices: [choice], usage: this.usage(r) };
+  }
+}
+
+function finishReason(r: GenerationResult): string {
+  return r.finishReason === "length" ? "length" : "stop";
+}

@@ -1,0 +1,271 @@
+// The building blocks of the Gemma 4 forward pass (gemma4_text.py), shared by the generic path
+// (gemma4.ts, which picks blocks per layer at run time) and the generated per-config modules
+// (src/generated/*.ts, where tools/gen-model picked them ahead of time). Same ops, same order.
+import { MlxArray } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import { type Cache, createCausalMask, type KvView, type Mask, plainCodec } from "@mlx-bun/kv-cache";
+import type { LayerSpec, LayerType } from "../config.ts";
+import { WeightsError } from "../errors.ts";
+import { embed, embedAsLinear, linear, type ModuleWeights, switchLinear } from "./nn.ts";
+import { Scope } from "./scope.ts";
+
+export interface LayerWeights {
+  spec: LayerSpec;
+  q: ModuleWeights;
+  k?: ModuleWeights;
+  v?: ModuleWeights;
+  o: ModuleWeights;
+  qNorm: MlxArray;
+  kNorm?: MlxArray;
+  inputNorm: MlxArray;
+  postAttnNorm: MlxArray;
+  preFfNorm: MlxArray;
+  postFfNorm: MlxArray;
+  gate: ModuleWeights;
+  up: ModuleWeights;
+  down: ModuleWeights;
+  moe?: {
+    proj: ModuleWeights;
+    scale: MlxArray;
+    perExpertScale: MlxArray;
+    gate: ModuleWeights;
+    up: ModuleWeights;
+    down: ModuleWeights;
+    postFf1: MlxArray;
+    postFf2: MlxArray;
+    preFf2: MlxArray;
+  };
+  ple?: { gate: ModuleWeights; proj: ModuleWeights; norm: MlxArray };
+  layerScalar: MlxArray;
+  /** Custom RoPE frequencies (proportional RoPE), shared per layer type. */
+  freqs?: MlxArray;
+}
+
+/** Whole-model weights. */
+export interface ModelParts {
+  layers: LayerWeights[];
+  embed: ModuleWeights;
+  norm: MlxArray;
+  lmHead: ModuleWeights;
+  tied: boolean;
+  ple?: { embed: ModuleWeights; proj: ModuleWeights; norm: MlxArray };
+}
+
+/** Constants of the model the blocks need. */
+export interface ModelConsts {
+  hiddenSize: number;
+  numLayers: number;
+  eps: number;
+  hiddenPerLayer: number;
+  softcap: number | null;
+  topK: number;
+}
+
+/** A KV-owning layer's products that its KV-sharing layers reuse. */
+export interface Shared {
+  view: KvView;
+  offset: MlxArray | number;
+}
+
+/** Embeddings × √hidden and, with per-layer embeddings, the per-layer inputs [B, L, layers, hpl]. */
+export function embedInputs(m: ModelParts, c: ModelConsts, ids: MlxArray, s: Scope): { h: MlxArray; perLayer: MlxArray | undefined } {
+  const emb = s.t(embed(m.embed, ids));
+  const h = s.t(mx.multiply(emb, c.hiddenSize ** 0.5));
+  if (!m.ple) return { h, perLayer: undefined };
+  const hpl = c.hiddenPerLayer;
+  const pe = s.t(embed(m.ple.embed, ids));
+  const pes = s.t(mx.multiply(pe, hpl ** 0.5));
+  const pli = s.t(mx.unflatten(pes, -1, [c.numLayers, hpl]));
+  const proj0 = s.t(linear(m.ple.proj, h));
+  const proj1 = s.t(mx.multiply(proj0, c.hiddenSize ** -0.5));
+  const proj2 = s.t(mx.unflatten(proj1, -1, [c.numLayers, hpl]));
+  const proj3 = s.t(mx.fast.rms_norm(proj2, m.ple.norm, c.eps));
+  const sum = s.t(mx.add(proj3, pli));
+  return { h, perLayer: s.t(mx.multiply(sum, 2.0 ** -0.5)) };
+}
+
+/** The per-layer input of layer i: perLayer[:, :, i, :]. */
+export function perLayerInput(perLayer: MlxArray, i: number, s: Scope): MlxArray {
+  return s.t(mx.index(perLayer, ":", ":", i, ":"));
+}
+
+/** The mask of a layer type, from the first cache of that type before its update (gemma4_text.py _make_masks). */
+export function layerMask(cache: Cache | null, n: number, window: number | null, s: Scope): Mask {
+  const m = cache ? cache.makeMask(n, window) : n === 1 ? null : window !== null && n > window ? createCausalMask(n, 0, window) : "causal";
+  if (m !== null && m !== "causal") s.t(m);
+  return m;
+}
+
+function rope(lw: LayerWeights, x: MlxArray, offset: MlxArray | number): MlxArray {
+  const r = lw.spec.rope;
+  if (lw.freqs) return mx.fast.rope(x, r.dims, { traditional: r.traditional, freqs: lw.freqs, scale: 1, offset });
+  return mx.fast.rope(x, r.dims, { traditional: r.traditional, base: r.theta, scale: r.scale, offset });
+}
+
+function queries(lw: LayerWeights, hIn: MlxArray, B: number, L: number, eps: number, s: Scope): MlxArray {
+  const spec = lw.spec;
+  const q0 = s.t(linear(lw.q, hIn));
+  const q1 = s.t(mx.reshape(q0, [B, L, spec.numHeads, spec.headDim]));
+  return s.t(mx.fast.rms_norm(q1, lw.qNorm, eps));
+}
+
+function attendAndProject(lw: LayerWeights, x: MlxArray, q2: MlxArray, shared: Shared, mask: Mask, B: number, L: number, eps: number, s: Scope): MlxArray {
+  const q3 = s.t(mx.transpose(q2, [0, 2, 1, 3]));
+  const q4 = s.t(rope(lw, q3, shared.offset));
+  const att = s.t(shared.view.attend(q4, 1.0, mask));
+  const att1 = s.t(mx.transpose(att, [0, 2, 1, 3]));
+  const att2 = s.t(mx.reshape(att1, [B, L, -1]));
+  const o = s.t(linear(lw.o, att2));
+  const oN = s.t(mx.fast.rms_norm(o, lw.postAttnNorm, eps));
+  return s.t(mx.add(x, oN));
+}
+
+/** Attention of a KV-owning layer: computes K/V, appends to its cache, attends. Returns h after the residual. */
+export function attentionOwn(lw: LayerWeights, x: MlxArray, mask: Mask, cache: Cache | null, B: number, L: number, eps: number, s: Scope): { h: MlxArray; shared: Shared } {
+  const spec = lw.spec;
+  const hIn = s.t(mx.fast.rms_norm(x, lw.inputNorm, eps));
+  const q2 = queries(lw, hIn, B, L, eps, s);
+  const k0 = s.t(linear(lw.k!, hIn));
+  const k1 = s.t(mx.reshape(k0, [B, L, spec.numKvHeads, spec.headDim]));
+  let v1 = k1;
+  if (lw.v) {
+    const v0 = s.t(linear(lw.v, hIn));
+    v1 = s.t(mx.reshape(v0, [B, L, spec.numKvHeads, spec.headDim]));
+  }
+  // mlx-lm passes mx.array(cache.offset): a scalar, or per-row positions of a batch.
+  const offset = cache ? (cache.positions ? cache.positions() : MlxArray.scalar(cache.offset, "int32")) : 0;
+  const k2 = s.t(mx.fast.rms_norm(k1, lw.kNorm!, eps));
+  const k3 = s.t(mx.transpose(k2, [0, 2, 1, 3]));
+  const k4 = s.t(rope(lw, k3, offset));
+  const v2 = s.t(mx.fast.rms_norm(v1, null, eps));
+  const v3 = s.t(mx.transpose(v2, [0, 2, 1, 3]));
+  const view = cache ? cache.updateAndFetch(k4, v3) : plainCodec.view([k4.retain(), v3.retain()], L);
+  const shared = { view, offset };
+  return { h: attendAndProject(lw, x, q2, shared, mask, B, L, eps, s), shared };
+}
+
+/** Attention of a KV-sharing layer: its own queries over the donor layer's view and positions. */
+export function attentionShared(lw: LayerWeights, x: MlxArray, mask: Mask, donor: Shared | undefined, B: number, L: number, eps: number, s: Scope): MlxArray {
+  if (!donor) throw new WeightsError(`Layer ${lw.spec.index} is a KV-shared layer but received no shared_kv`);
+  const hIn = s.t(mx.fast.rms_norm(x, lw.inputNorm, eps));
+  const q2 = queries(lw, hIn, B, L, eps, s);
+  return attendAndProject(lw, x, q2, donor, mask, B, L, eps, s);
+}
+
+function mlp(lw: LayerWeights, x: MlxArray, s: Scope): MlxArray {
+  const g = s.t(linear(lw.gate, x));
+  const u = s.t(linear(lw.up, x));
+  const act = s.t(mx.gelu_approx(g));
+  const prod = s.t(mx.multiply(act, u));
+  return linear(lw.down, prod);
+}
+
+/** Dense feed-forward with its norms and residual. */
+export function feedForwardDense(lw: LayerWeights, h: MlxArray, eps: number, s: Scope): MlxArray {
+  const f0 = s.t(mx.fast.rms_norm(h, lw.preFfNorm, eps));
+  const ff = s.t(mlp(lw, f0, s));
+  const ffN = s.t(mx.fast.rms_norm(ff, lw.postFfNorm, eps));
+  return s.t(mx.add(h, ffN));
+}
+
+/** Dense MLP plus routed experts (the MoE block), with norms and residual. */
+export function feedForwardMoe(lw: LayerWeights, h: MlxArray, c: ModelConsts, s: Scope): MlxArray {
+  const m = lw.moe!;
+  const eps = c.eps;
+  const h1a = s.t(mx.fast.rms_norm(h, lw.preFfNorm, eps));
+  const h1b = s.t(mlp(lw, h1a, s));
+  const h1 = s.t(mx.fast.rms_norm(h1b, m.postFf1, eps));
+  const [idx, w] = router(lw, h, c, s);
+  const h2a = s.t(mx.fast.rms_norm(h, m.preFf2, eps));
+  const h2b = s.t(experts(lw, h2a, idx, w, s));
+  const h2 = s.t(mx.fast.rms_norm(h2b, m.postFf2, eps));
+  const ff = s.t(mx.add(h1, h2));
+  const ffN = s.t(mx.fast.rms_norm(ff, lw.postFfNorm, eps));
+  return s.t(mx.add(h, ffN));
+}
+
+/** Router: norm → scale → project → top-k → softmax → per-expert scale. */
+function router(lw: LayerWeights, x: MlxArray, c: ModelConsts, s: Scope): [MlxArray, MlxArray] {
+  const m = lw.moe!;
+  const k = c.topK;
+  const sc = s.t(mx.multiply(m.scale, c.hiddenSize ** -0.5));
+  const xn = s.t(mx.fast.rms_norm(x, sc, c.eps));
+  const scores = s.t(linear(m.proj, xn));
+  const part = s.t(mx.argpartition(scores, -k, -1));
+  const idx = s.t(mx.index(part, "...", mx.sl(-k, null)));
+  const w0 = s.t(mx.take_along_axis(scores, idx, -1));
+  const w1 = s.t(mx.softmax(w0, -1));
+  const pes = s.t(mx.index(m.perExpertScale, idx));
+  const w = s.t(mx.multiply(w1, pes));
+  return [idx, w];
+}
+
+/** Experts: SwitchGLU with GeGLU, weighted sum over the top-k (switch_layers.py SwitchGLU). */
+function experts(lw: LayerWeights, x: MlxArray, indices: MlxArray, weights: MlxArray, s: Scope): MlxArray {
+  const m = lw.moe!;
+  const we = s.t(mx.expand_dims(weights, -1));
+  let xe = s.t(mx.expand_dims(x, [-2, -3]));
+  const doSort = indices.size >= 64;
+  let idx = indices;
+  let inv: MlxArray | undefined;
+  if (doSort) {
+    const M = indices.shape[indices.ndim - 1]!;
+    const flat = s.t(mx.flatten(indices));
+    const order = s.t(mx.argsort(flat));
+    inv = s.t(mx.argsort(order));
+    const rows = s.t(mx.floor_divide(order, M));
+    const xf = s.t(mx.flatten(xe, 0, -3));
+    xe = s.t(mx.index(xf, rows));
+    idx = s.t(mx.index(flat, order));
+  }
+  const up = s.t(switchLinear(m.up, xe, idx, doSort));
+  const gate = s.t(switchLinear(m.gate, xe, idx, doSort));
+  const act = s.t(mx.gelu_approx(gate));
+  const glu = s.t(mx.multiply(act, up));
+  let y = s.t(switchLinear(m.down, glu, idx, doSort));
+  if (doSort) {
+    const un = s.t(mx.index(y, inv!));
+    y = s.t(mx.unflatten(un, 0, [...indices.shape]));
+  }
+  const ys = s.t(mx.squeeze(y, -2));
+  const wy = s.t(mx.multiply(we, ys));
+  return mx.sum(wy, -2);
+}
+
+/** Per-layer input gating (2B/4B models). */
+export function perLayerGate(lw: LayerWeights, h: MlxArray, input: MlxArray, eps: number, s: Scope): MlxArray {
+  const p = lw.ple!;
+  const g0 = s.t(linear(p.gate, h));
+  const g1 = s.t(mx.gelu_approx(g0));
+  const g2 = s.t(mx.multiply(g1, input));
+  const g3 = s.t(linear(p.proj, g2));
+  const g4 = s.t(mx.fast.rms_norm(g3, p.norm, eps));
+  return s.t(mx.add(h, g4));
+}
+
+/** h * layer_scalar. */
+export function layerScale(lw: LayerWeights, h: MlxArray, s: Scope): MlxArray {
+  return s.t(mx.multiply(h, lw.layerScalar));
+}
+
+/** Final norm, output head (tied: the embedding as a linear), soft-capping. The caller owns the logits. */
+export function finalLogits(m: ModelParts, c: ModelConsts, h: MlxArray, s: Scope): MlxArray {
+  const normed = s.t(mx.fast.rms_norm(h, m.norm, c.eps));
+  const logits = m.tied ? embedAsLinear(m.embed, normed) : linear(m.lmHead, normed);
+  if (c.softcap === null) return logits;
+  s.t(logits);
+  const scaled = s.t(mx.divide(logits, c.softcap));
+  const th = s.t(mx.tanh(scaled));
+  return mx.multiply(th, c.softcap);
+}
+
+/** Free the per-step shared views and position arrays. */
+export function releaseShared(shared: readonly (Shared | undefined)[]): void {
+  for (const sh of new Set(shared)) {
+    if (!sh) continue;
+    sh.view.dispose();
+    if (sh.offset instanceof MlxArray) sh.offset.dispose();
+  }
+}
+
+export type { LayerType, Scope };

@@ -1,0 +1,218 @@
+import { copyFileSync, readdirSync, readFileSync, truncateSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import type { Cache } from "@mlx-bun/kv-cache";
+import { liveMappings, mapSafetensors, memory, MlxArray, saveMappableSafetensors } from "@mlx-bun/mlx-ffi";
+import { type KvMode, type LoadedModel, loadModel } from "@mlx-bun/models";
+import { KV_STORE_VERSION, KvStoreError, loadPromptCache, readPromptCacheInfo, savePromptCache } from "../src/kv-store.ts";
+import { exactDiff } from "../../../tools/oracle/compare.ts";
+import { cacheDigest, disposeCaches, greedy, makeTiny, promptIds, tempDir } from "./kv-helpers.ts";
+
+const tmp = tempDir("mlxb-kvstore-");
+afterAll(() => tmp.cleanup());
+
+// Sliding layers (head dim 32) need their own codec settings: affine group 32, TurboQuant none (64+ only).
+const MODES: Record<string, { mode: KvMode; opts: { slidingMode?: KvMode } }> = {
+  bf16: { mode: { kind: "bf16" }, opts: {} },
+  q8: { mode: { kind: "affine", bits: 8, groupSize: 64 }, opts: { slidingMode: { kind: "affine", bits: 8, groupSize: 32 } } },
+  turbo: { mode: { kind: "turbo", kBits: 4, vBits: 3 }, opts: { slidingMode: { kind: "bf16" } } },
+};
+
+const models = new Map<string, LoadedModel>();
+let base = { active: 0, handles: 0 };
+beforeAll(() => {
+  for (const [name, args] of [
+    ["small", ["--variant", "small"]],
+    ["dense", ["--variant", "dense"]],
+    ["small-seed1", ["--variant", "small", "--seed", "1"]],
+  ] as const) {
+    models.set(name, loadModel(makeTiny(join(tmp.dir, name), [...args])));
+  }
+  // Weights load lazily: run each model once so the baseline holds them.
+  for (const lm of models.values()) {
+    const c = lm.model.makeCaches();
+    greedy(lm.model, c, promptIds(4), 2).dispose();
+    disposeCaches(c);
+  }
+  base = { active: memory.active(), handles: memory.liveHandles() };
+});
+afterAll(() => {
+  for (const lm of models.values()) lm.dispose();
+});
+
+const PROMPT = promptIds(24); // longer than the sliding window (8): rotating caches wrap
+const STEPS = 10;
+const SPLIT = 4; // save after this many generated tokens
+
+const make = (lm: LoadedModel, kv: string) => (): Cache[] => lm.model.makeCaches(MODES[kv]!.mode, MODES[kv]!.opts);
+
+describe("save → load → resume = uninterrupted (identical tokens, bit-identical logits)", () => {
+  for (const name of ["small", "dense"]) {
+    for (const kv of Object.keys(MODES)) {
+      test(`${name}, ${kv}`, () => {
+        const lm = models.get(name)!;
+        const full = make(lm, kv)();
+        const ref = greedy(lm.model, full, PROMPT, STEPS);
+        disposeCaches(full);
+
+        const first = make(lm, kv)();
+        const head = greedy(lm.model, first, PROMPT, SPLIT);
+        const file = join(tmp.dir, `${name}-${kv}.safetensors`);
+        // The caches hold the prompt and all picked tokens but the last, which is stored as pending.
+        const saved = savePromptCache(file, { fingerprint: lm.fingerprint, caches: first, tokens: [...PROMPT, ...head.tokens] });
+        expect(saved.offset).toBe(PROMPT.length + SPLIT - 1);
+        expect(saved.bytesPerToken).toBeGreaterThan(0);
+        const signatures = first.map((c) => c.signature());
+        disposeCaches(first);
+
+        const info = readPromptCacheInfo(file);
+        expect(info.formatVersion).toBe(KV_STORE_VERSION);
+        expect(info.layers.map((l) => l.signature)).toEqual(signatures);
+        expect(Date.parse(info.created)).toBeGreaterThan(0);
+
+        const loaded = loadPromptCache(file, { fingerprint: lm.fingerprint, makeCaches: make(lm, kv) });
+        expect(loaded.caches.length).toBe(lm.model.firstShared); // KV-sharing layers have no cache
+        expect(loaded.tokens).toEqual([...PROMPT, ...head.tokens]);
+        expect(loaded.mapped).toBe(loaded.tensors); // read in place (CPU backend)
+        expect(liveMappings()).toBe(1);
+        const tail = greedy(lm.model, loaded.caches, loaded.tokens.slice(loaded.offset), STEPS - SPLIT);
+        loaded.dispose();
+        expect(liveMappings()).toBe(0);
+
+        try {
+          expect([...head.tokens, ...tail.tokens]).toEqual(ref.tokens);
+          head.rows.forEach((r, i) => expect(exactDiff(r, ref.rows[i]!)).toBeNull());
+          tail.rows.forEach((r, i) => expect(exactDiff(r, ref.rows[SPLIT + i]!)).toBeNull());
+        } finally {
+          ref.dispose();
+          head.dispose();
+          tail.dispose();
+        }
+        expect(memory.liveHandles()).toBe(base.handles);
+        expect(memory.active()).toBe(base.active);
+      });
+    }
+  }
+});
+
+describe("bad files: a clear error, the file intact, the caller's caches unchanged", () => {
+  let good = "";
+  let held: Cache[] = [];
+  let heldDigest = "";
+  beforeAll(() => {
+    const lm = models.get("small")!;
+    const c = make(lm, "bf16")();
+    greedy(lm.model, c, PROMPT, 3).dispose();
+    good = join(tmp.dir, "good.safetensors");
+    savePromptCache(good, { fingerprint: lm.fingerprint, caches: c, tokens: [...PROMPT, 1, 2, 3].slice(0, c[0]!.offset) });
+    disposeCaches(c);
+    // The caller's live caches, which a failed load must leave alone.
+    held = make(lm, "bf16")();
+    greedy(lm.model, held, promptIds(12, 3), 2).dispose();
+    heldDigest = cacheDigest(held);
+  });
+  afterAll(() => disposeCaches(held));
+
+  const variant = (name: string, edit: (f: string) => void): string => {
+    const f = join(tmp.dir, name);
+    copyFileSync(good, f);
+    edit(f);
+    return f;
+  };
+  const withMetadata = (name: string, patch: Record<string, string>): string => {
+    const f = join(tmp.dir, name);
+    using m = mapSafetensors(good);
+    saveMappableSafetensors(f, [...m.tensors], { ...m.metadata, ...patch });
+    return f;
+  };
+
+  const cases: [string, () => { file: string; fingerprint?: string; kv?: string; model?: string }, RegExp][] = [
+    ["another model (other architecture)", () => ({ file: good, model: "dense" }), /saved from another model \(fingerprint [0-9a-f]+\), this model is/],
+    ["another model (same architecture, other weights)", () => ({ file: good, model: "small-seed1" }), /saved from another model/],
+    ["another format version", () => ({ file: withMetadata("v2.safetensors", { "mlx_bun.format_version": "2" }) }), /format version 2, but this build reads version 1/],
+    ["not a KV snapshot", () => ({ file: withMetadata("nota.safetensors", { "mlx_bun.format": "something-else" }) }), /not an mlx-bun KV snapshot/],
+    [
+      "truncated",
+      () => ({ file: variant("trunc.safetensors", (f) => truncateSync(f, Math.floor(readFileSync(f).length / 2))) }),
+      /not a readable snapshot: .*(truncated|past the data section)/,
+    ],
+    [
+      "corrupt header",
+      () => ({
+        file: variant("hdr.safetensors", (f) => {
+          const b = readFileSync(f);
+          b.write("#corrupt#", 40, "latin1");
+          writeFileSync(f, b);
+        }),
+      }),
+      /not a readable snapshot: .*header is not valid JSON/,
+    ],
+    [
+      "corrupt data",
+      () => ({
+        file: variant("data.safetensors", (f) => {
+          const b = readFileSync(f);
+          b[b.length - 3] ^= 0xff; // inside the last cache tensor
+          writeFileSync(f, b);
+        }),
+      }),
+      /cache\.\d+\.\d+' \(layer \d+\) does not match its saved hash: corrupt data/,
+    ],
+    ["signature mismatch (another KV mode)", () => ({ file: good, kv: "q8" }), /cache signatures differ .*layer 0: file rotating:8:0:kv:plain, model rotating:8:0:kv:quant:8:32/],
+    ["missing file", () => ({ file: join(tmp.dir, "nope.safetensors") }), /file not found/],
+  ];
+  for (const [what, setup, message] of cases) {
+    test(what, () => {
+      const { file, kv = "bf16", model = "small" } = setup();
+      const lm = models.get(model)!;
+      let before: Buffer | null = null;
+      try {
+        before = readFileSync(file);
+      } catch {
+        before = null;
+      }
+      const handles = memory.liveHandles();
+      let err: unknown;
+      try {
+        loadPromptCache(file, { fingerprint: lm.fingerprint, makeCaches: make(lm, kv) }).dispose();
+      } catch (e) {
+        err = e;
+      }
+      expect(err).toBeInstanceOf(KvStoreError);
+      expect((err as Error).message).toContain(file);
+      expect((err as Error).message).toMatch(message);
+      if (before) expect(readFileSync(file).equals(before)).toBe(true);
+      expect(cacheDigest(held)).toBe(heldDigest);
+      expect(memory.liveHandles()).toBe(handles);
+      expect(liveMappings()).toBe(0);
+    });
+  }
+
+  test("a failed save leaves the existing file intact and no temporary file", () => {
+    const lm = models.get("small")!;
+    const before = readFileSync(good);
+    const broken = { ...held[0]!, offset: held[0]!.offset, state: () => { throw new Error("boom"); } } as unknown as Cache;
+    expect(() => savePromptCache(good, { fingerprint: lm.fingerprint, caches: [broken], tokens: promptIds(held[0]!.offset) })).toThrow(/boom/);
+    const disposed = MlxArray.fromNumbers([1], [1], "int32");
+    disposed.dispose();
+    const badState = {
+      offset: 1,
+      minimumReusableOffset: 0,
+      state: () => ({ signature: "kv:plain", tensors: [disposed], meta: { offset: 1 }, [Symbol.dispose]() {} }),
+    } as unknown as Cache;
+    expect(() => savePromptCache(good, { fingerprint: lm.fingerprint, caches: [badState], tokens: [5] })).toThrow();
+    expect(readFileSync(good).equals(before)).toBe(true);
+    expect(readdirSync(tmp.dir).filter((f) => f.endsWith(".tmp"))).toEqual([]);
+    expect(() => savePromptCache(good, { fingerprint: lm.fingerprint, caches: held, tokens: [1] })).toThrow(KvStoreError);
+  });
+});
+
+test("the fingerprint tells same-architecture checkpoints with different weights apart", () => {
+  const a = models.get("small")!;
+  const b = models.get("small-seed1")!;
+  expect(a.config.raw).toEqual(b.config.raw);
+  expect(a.fingerprint).not.toBe(b.fingerprint);
+  // …and is stable for the same files.
+  using again = loadModel(a.dir);
+  expect(again.fingerprint).toBe(a.fingerprint);
+});
