@@ -18,13 +18,35 @@ export interface ChatPromptOptions {
   roleMapping?: Record<string, string> | null;
 }
 
+/**
+ * Whether the vocabulary has thinking markers, as mlx-lm's _infer_thinking: <think>/</think>,
+ * <longcat_think>/</longcat_think>, <|think:start|>/<|think:end|>, or Gemma 4's <|channel>/<channel|>.
+ */
+export function hasThinking(tok: Gemma4Tokenizer): boolean {
+  const pairs = [
+    ["<think>", "</think>"],
+    ["<longcat_think>", "</longcat_think>"],
+    ["<|think:start|>", "<|think:end|>"],
+    ["<|channel>", "<channel|>"],
+  ];
+  return pairs.some(([a, b]) => tok.tokenToId(a!) !== undefined && tok.tokenToId(b!) !== undefined);
+}
+
+/**
+ * Template kwargs as mlx-lm's TokenizerWrapper.apply_chat_template passes them: enable_thinking
+ * defaults to whether the vocabulary has thinking markers (so Gemma 4 prompts open with <|think|>).
+ */
+export function templateKwargs(tok: Gemma4Tokenizer, kwargs?: Record<string, unknown> | null): Record<string, unknown> {
+  return { enable_thinking: hasThinking(tok), ...kwargs };
+}
+
 /** A chat turn's prompt: the template with add_generation_prompt, else convert_chat (as mlx_lm.server). */
 export function chatPromptIds(m: PromptModel, messages: readonly ChatMessage[], opts: ChatPromptOptions = {}): number[] {
   if (!m.template) return m.tokenizer.encode(convertChat(messages, opts.roleMapping));
   return m.template.apply(m.tokenizer, messages, {
     addGenerationPrompt: true,
     tools: opts.tools ?? null,
-    ...(opts.kwargs ? { kwargs: opts.kwargs } : {}),
+    kwargs: templateKwargs(m.tokenizer, opts.kwargs),
   });
 }
 
@@ -48,7 +70,7 @@ export function generatePromptIds(m: PromptModel, text: string, opts: GeneratePr
   const messages: ChatMessage[] = [];
   if (opts.systemPrompt !== undefined) messages.push({ role: "system", content: opts.systemPrompt });
   messages.push({ role: "user", content: text });
-  const rendered = m.template.render(messages, { addGenerationPrompt: true, ...(opts.kwargs ? { kwargs: opts.kwargs } : {}) });
+  const rendered = m.template.render(messages, { addGenerationPrompt: true, kwargs: templateKwargs(m.tokenizer, opts.kwargs) });
   return m.tokenizer.encode(rendered, { addSpecialTokens: false });
 }
 

@@ -8,3 +8,4 @@ export { KeyStream, logSoftmax, processLogits, type ResolvedSampling, resolveSam
 export { StopMatcher } from "./stop.ts";
 export { EventChannel } from "./stream.ts";
 export { type Pick, Sequence } from "./sequence.ts";
+export { Scheduler, type SchedulerOptions } from "./scheduler.ts";

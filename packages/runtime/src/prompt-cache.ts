@@ -206,7 +206,11 @@ export class PromptCache implements Disposable {
     const entry: Entry = {
       tokens: tokens.slice(0, offset),
       caches: copy,
-      bytes: copy.reduce((s, c) => s + c.nbytes, 0),
+      // The copy shares the caller's buffers (capacity included), so those are what it holds.
+      bytes: Math.max(
+        caches.reduce((s, c) => s + c.nbytes, 0),
+        copy.reduce((s, c) => s + c.nbytes, 0),
+      ),
       signatures: copy.map((c) => c.signature()),
       trimmable: copy.every((c) => c.isTrimmable()),
       minReusable: Math.max(0, ...copy.map((c) => c.minimumReusableOffset)),

@@ -38,7 +38,7 @@ export function promptIds(n: number, salt = 0): number[] {
   return Array.from({ length: n }, (_, i) => 5 + ((i * 37 + salt * 11) % 200));
 }
 
-export interface GreedyRun {
+export interface GreedyRun extends Disposable {
   /** The tokens picked, one per step. */
   tokens: number[];
   /** The logits row [vocab] each token was picked from (owned: dispose them). */
@@ -80,7 +80,8 @@ export function greedy(model: Gemma4Model, caches: Cache[], feed: readonly numbe
   } finally {
     logits?.dispose();
   }
-  return { tokens, rows, dispose: () => rows.forEach((r) => r.dispose()) };
+  const dispose = (): void => rows.forEach((r) => r.dispose());
+  return { tokens, rows, dispose, [Symbol.dispose]: dispose };
 }
 
 /** A digest of every cache's state (signature, meta, tensor bytes), to check caches are unchanged. */
@@ -94,6 +95,19 @@ export function cacheDigest(caches: readonly Cache[]): string {
   return parts.join(";");
 }
 
-export function disposeCaches(caches: readonly Cache[]): void {
+/**
+ * Dispose caches, and with `codecs` their codecs' tables too (makeCaches builds a new TurboQuant
+ * codec per call whose sign/codebook arrays outlive the caches).
+ */
+export function disposeCaches(caches: readonly Cache[], codecs = false): void {
   for (const c of caches) c.dispose();
+  if (!codecs) return;
+  const seen = new Set<unknown>();
+  for (const c of caches) {
+    const codec = (c as { codec?: { dispose?: () => void } }).codec;
+    if (codec && !seen.has(codec)) {
+      seen.add(codec);
+      codec.dispose?.();
+    }
+  }
 }

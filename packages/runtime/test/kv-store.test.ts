@@ -53,7 +53,7 @@ describe("save → load → resume = uninterrupted (identical tokens, bit-identi
         const lm = models.get(name)!;
         const full = make(lm, kv)();
         const ref = greedy(lm.model, full, PROMPT, STEPS);
-        disposeCaches(full);
+        disposeCaches(full, true);
 
         const first = make(lm, kv)();
         const head = greedy(lm.model, first, PROMPT, SPLIT);
@@ -63,7 +63,7 @@ describe("save → load → resume = uninterrupted (identical tokens, bit-identi
         expect(saved.offset).toBe(PROMPT.length + SPLIT - 1);
         expect(saved.bytesPerToken).toBeGreaterThan(0);
         const signatures = first.map((c) => c.signature());
-        disposeCaches(first);
+        disposeCaches(first, true);
 
         const info = readPromptCacheInfo(file);
         expect(info.formatVersion).toBe(KV_STORE_VERSION);
@@ -76,7 +76,7 @@ describe("save → load → resume = uninterrupted (identical tokens, bit-identi
         expect(loaded.mapped).toBe(loaded.tensors); // read in place (CPU backend)
         expect(liveMappings()).toBe(1);
         const tail = greedy(lm.model, loaded.caches, loaded.tokens.slice(loaded.offset), STEPS - SPLIT);
-        loaded.dispose();
+        disposeCaches(loaded.caches, true);
         expect(liveMappings()).toBe(0);
 
         try {

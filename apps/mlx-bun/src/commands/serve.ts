@@ -49,7 +49,7 @@ export async function runServe(o: ServeOptions): Promise<number> {
   });
   process.stderr.write("mlx-bun serve: shutting down\n");
   await srv.stop();
-  scheduler.close();
+  await scheduler.close();
   engine.dispose();
   return 0;
 }
