@@ -337,7 +337,7 @@ ROPE = {
 DTYPES = ("bfloat16", "float16", "float32")
 
 
-def text_config(variant: str, dtype: str = "bfloat16") -> dict:
+def text_config(variant: str, dtype: str = "bfloat16", overrides: dict | None = None) -> dict:
     S, F = "sliding_attention", "full_attention"
     base = {
         "attention_bias": False,
@@ -405,11 +405,12 @@ def text_config(variant: str, dtype: str = "bfloat16") -> dict:
         )
     else:
         raise SystemExit(f"unknown variant {variant!r} (small, dense, moe)")
+    base.update(overrides or {})
     return dict(sorted(base.items()))
 
 
-def model_config(variant: str, form: str, dtype: str = "bfloat16") -> dict:
-    tc = text_config(variant, dtype)
+def model_config(variant: str, form: str, dtype: str = "bfloat16", overrides: dict | None = None) -> dict:
+    tc = text_config(variant, dtype, overrides)
     if form == "text":
         cfg = dict(tc)
         cfg["architectures"] = ["Gemma4ForCausalLM"]
@@ -611,6 +612,7 @@ def make(
     template_in_config: bool = False,
     vision_stub: bool = True,
     dtype: str = "bfloat16",
+    overrides: dict | None = None,
 ) -> Path:
     form = form or ("text" if variant == "dense" else "wrapper")
     if form == "wrapper" and variant == "dense" and naming != "mlx":
@@ -618,7 +620,7 @@ def make(
         # gemma4.Model looks ("language_model.lm_head.weight"); the text form has no such gap.
         naming = "mlx"
     naming = naming or ("mlx" if quant != "none" else "hf")
-    config = model_config(variant, form, dtype)
+    config = model_config(variant, form, dtype, overrides)
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
@@ -700,6 +702,8 @@ def main(argv=None) -> int:
     ap.add_argument("--generate", type=Path, nargs="+", metavar="DIR",
                     help="only load existing checkpoints with mlx_lm.load and greedily generate --tokens tokens (JSON list)")
     ap.add_argument("--tokens", type=int, default=20)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="override a text_config field, e.g. --set head_dim=64 --set sliding_window=16")
     a = ap.parse_args(argv)
 
     if a.generate:
@@ -731,6 +735,7 @@ def main(argv=None) -> int:
                 template_in_config=a.template_in_config,
                 vision_stub=not a.no_vision_stub,
                 dtype=a.dtype,
+                overrides={k: json.loads(v) for k, v in (kv.split("=", 1) for kv in a.set)},
             )
         )
     for p in made:

@@ -8,8 +8,12 @@ import { type DownloadOptions, downloadModel, isRepoId } from "./hub.ts";
 /** The repository root (apps/mlx-bun/src → ../../..). */
 export const REPO_ROOT = fileURLToPath(new URL("../../..", import.meta.url));
 
-/** Where tools/setup.sh writes the bundled tiny model. */
+/** Where tools/setup.sh writes the bundled tiny model ($MLX_BUN_TINY_MODEL_DIR overrides it). */
 export const TINY_MODEL_DIR = join(REPO_ROOT, ".native", "models", "tiny-gemma4");
+
+function tinyModelDir(): string {
+  return process.env.MLX_BUN_TINY_MODEL_DIR || TINY_MODEL_DIR;
+}
 
 export class ModelNotFoundError extends Error {
   override name = "ModelNotFoundError";
@@ -26,13 +30,14 @@ export interface ResolvedModel {
 /** Resolve --model to a local directory, downloading a repo id if needed. */
 export async function resolveModel(model: string | undefined, dl: DownloadOptions = {}): Promise<ResolvedModel> {
   if (model === undefined || model === "") {
-    if (!existsSync(join(TINY_MODEL_DIR, "config.json"))) {
+    const tiny = tinyModelDir();
+    if (!existsSync(join(tiny, "config.json"))) {
       throw new ModelNotFoundError(
-        `no --model given and the bundled tiny model is missing (${TINY_MODEL_DIR}).\n` +
+        `no --model given and the bundled tiny model is missing (${tiny}).\n` +
           "  Run `bash tools/setup.sh` to create it, or pass --model <dir | owner/repo>.",
       );
     }
-    return { dir: TINY_MODEL_DIR, id: "tiny-gemma4", source: "bundled" };
+    return { dir: tiny, id: "tiny-gemma4", source: "bundled" };
   }
   const local = resolve(model);
   if (existsSync(local)) {

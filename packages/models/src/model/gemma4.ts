@@ -37,6 +37,8 @@ export class Gemma4Model implements Disposable {
   readonly consts: ModelConsts;
   /** The generated module serving this config, or null (generic path). */
   readonly plan: ForwardPlan | null;
+  /** Every linear/embedding module by its mlx-lm path (for adapters). */
+  readonly modules = new Map<string, ModuleWeights>();
   #owned: MlxArray[] = [];
 
   constructor(
@@ -48,7 +50,11 @@ export class Gemma4Model implements Disposable {
     const info = new Map([...tensors].map(([n, a]) => [n, { shape: [...a.shape], dtype: a.dtype }]));
     const manifest = expectedTensors(config, { actual: info });
     const M = `${config.prefix}model.`;
-    const mod = (path: string): ModuleWeights => moduleWeights(tensors, path, manifest.get(`${path}.weight`)?.quant);
+    const mod = (path: string): ModuleWeights => {
+      const m = moduleWeights(tensors, path, manifest.get(`${path}.weight`)?.quant);
+      this.modules.set(path, m);
+      return m;
+    };
     const param = (path: string): MlxArray => {
       const a = tensors.get(path);
       if (!a) throw new WeightsError(`missing tensor ${path}`);

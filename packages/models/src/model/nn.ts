@@ -11,14 +11,27 @@ export interface ModuleWeights {
   scales?: MlxArray;
   biases?: MlxArray;
   quant?: QuantParams;
+  /** A LoRA adapter on this linear layer: y + (scale · (x @ a) @ b).astype(x.dtype). */
+  lora?: { a: MlxArray; b: MlxArray; scale: number };
 }
 
 function qopts(q: QuantParams): { group_size: number; bits: number; mode: QuantParams["mode"] } {
   return { group_size: q.groupSize, bits: q.bits, mode: q.mode };
 }
 
-/** nn.Linear without bias (x @ Wᵀ) or nn.QuantizedLinear (quantized_matmul, transpose). */
+/** nn.Linear without bias (x @ Wᵀ) or nn.QuantizedLinear (quantized_matmul, transpose); plus LoRA (mlx-lm tuner/lora.py). */
 export function linear(m: ModuleWeights, x: MlxArray): MlxArray {
+  const y = baseLinear(m, x);
+  if (!m.lora) return y;
+  using base = y;
+  using xa = mx.matmul(x, m.lora.a);
+  using z = mx.matmul(xa, m.lora.b);
+  using sz = mx.multiply(z, m.lora.scale);
+  using c = mx.astype(sz, x.dtype);
+  return mx.add(base, c);
+}
+
+function baseLinear(m: ModuleWeights, x: MlxArray): MlxArray {
   if (m.quant) return mx.quantized_matmul(x, m.weight, m.scales!, m.biases, { ...qopts(m.quant), transpose: true });
   using wt = mx.transpose(m.weight);
   return mx.matmul(x, wt);
@@ -35,7 +48,7 @@ export function embed(m: ModuleWeights, ids: MlxArray): MlxArray {
 
 /** Embedding.as_linear: x @ weightᵀ (tied output head). */
 export function embedAsLinear(m: ModuleWeights, x: MlxArray): MlxArray {
-  return linear(m, x);
+  return baseLinear(m, x);
 }
 
 /** SwitchLinear (gather_mm with weight.swapaxes(-1, -2)) / QuantizedSwitchLinear (gather_qmm, transpose). */
