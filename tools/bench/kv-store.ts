@@ -5,7 +5,7 @@
 // cache (the file was just written or read); a cold read adds the disk's read time for the file.
 //
 //   .native/bin/bun tools/bench/kv-store.ts [--model DIR | --variant dense|small] [--contexts 2048,4096]
-//       [--kv bf16,q8] [--reps 5] [--chunk 512]
+//       [--kv bf16/q8/turbo:4,3] [--reps 3] [--chunk 512]
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -21,9 +21,9 @@ const opt = (name: string, def: string): string => {
   const i = argv.indexOf(`--${name}`);
   return i >= 0 ? argv[i + 1]! : def;
 };
-const REPS = Number(opt("reps", "5"));
+const REPS = Number(opt("reps", "3"));
 const CONTEXTS = opt("contexts", "2048,4096").split(",").map(Number);
-const KVS = opt("kv", "bf16,q8").split(",");
+const KVS = opt("kv", "bf16").split("/");
 const CHUNK = Number(opt("chunk", "512"));
 
 const work = mkdtempSync(join(tmpdir(), "mlxb-bench-kvstore-"));

@@ -184,6 +184,18 @@ describe("endpoints", () => {
     expect(Object.keys(l.top_logprobs![0]!).length).toBeGreaterThanOrEqual(1);
   });
 
+  test("tools and chat_template_kwargs reach the chat template", async () => {
+    const messages = [{ role: "user" as const, content: "what is the weather?" }];
+    const tools = [{ type: "function" as const, function: { name: "get_weather", description: "Weather of a city", parameters: { type: "object", properties: { city: { type: "string" } } } } }];
+    const plain = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 2 });
+    const withTools = await client.chat.completions.create({ model: MODEL, messages, tools, max_tokens: 2 });
+    expect(withTools.usage!.prompt_tokens).toBe(chatPromptIds(engine.loaded, messages, { tools }).length);
+    expect(withTools.usage!.prompt_tokens).toBeGreaterThan(plain.usage!.prompt_tokens);
+    const noThinking = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 2, chat_template_kwargs: { enable_thinking: false } } as never);
+    expect((noThinking as OpenAI.ChatCompletion).usage!.prompt_tokens).toBe(chatPromptIds(engine.loaded, messages, { kwargs: { enable_thinking: false } }).length);
+    expect((noThinking as OpenAI.ChatCompletion).usage!.prompt_tokens).toBeLessThan(plain.usage!.prompt_tokens);
+  });
+
   test("a seed reproduces sampled output; other seeds differ", async () => {
     const sample = async (seed: number) =>
       (await chatIds("write something", 16, { temperature: 1.0, seed })).ids;
@@ -340,6 +352,29 @@ describe("continuous batching", () => {
     });
     await idle();
   });
+});
+
+describe("cancellation", () => {
+  for (const stream of [true, false]) {
+    test(`a client that hangs up stops its request at once (${stream ? "streamed" : "not streamed"})`, async () => {
+      const ac = new AbortController();
+      const t0 = performance.now();
+      const pending = post("/v1/chat/completions", { model: MODEL, messages: [{ role: "user", content: "go on and on" }], max_tokens: 3000, stream }, { signal: ac.signal });
+      if (stream) {
+        const res = await pending;
+        await res.body!.getReader().read();
+      } else {
+        for (let i = 0; i < 200 && scheduler.batchSize === 0; i++) await Bun.sleep(5);
+        expect(scheduler.active).toBe(1);
+        await Bun.sleep(50);
+      }
+      ac.abort();
+      await pending.catch(() => {});
+      await idle();
+      // 3000 tokens would take far longer than this.
+      expect(performance.now() - t0).toBeLessThan(5000);
+    });
+  }
 });
 
 describe("bad requests", () => {

@@ -25,37 +25,38 @@ export async function runChat(o: ChatOptions): Promise<number> {
   let history = fresh();
   let current: AbortController | null = null;
   let closed = false;
-  const onInterrupt = () => {
-    if (current) current.abort();
-    else {
-      closed = true;
-      rl.close();
-    }
-  };
-  rl.on("SIGINT", onInterrupt); // terminal: readline turns Ctrl-C into this
-  process.on("SIGINT", onInterrupt); // piped input: the signal itself
   rl.on("close", () => {
     closed = true;
   });
+  // The ">> " prompt only on a terminal (piped input gets just the replies).
+  const prompt = () => {
+    if (tty && !closed) rl.prompt();
+  };
+  const onInterrupt = () => {
+    if (current) current.abort();
+    else rl.close();
+  };
+  rl.on("SIGINT", onInterrupt); // terminal: readline turns Ctrl-C into this
+  process.on("SIGINT", onInterrupt); // piped input: the signal itself
   out.write(`[mlx-bun chat] ${model.id} (kv ${engine.kvModeName}). ${HELP}\n`);
   try {
-    rl.prompt();
+    prompt();
     for await (const raw of rl) {
       const line = raw.trim();
       if (line === "/exit" || line === "/quit") break;
       if (line === "/reset") {
         history = fresh();
         out.write("[history cleared]\n");
-        rl.prompt();
+        prompt();
         continue;
       }
       if (line === "/help") {
         out.write(`${HELP}\n`);
-        rl.prompt();
+        prompt();
         continue;
       }
       if (!line) {
-        rl.prompt();
+        prompt();
         continue;
       }
       history.push({ role: "user", content: raw });
@@ -73,8 +74,7 @@ export async function runChat(o: ChatOptions): Promise<number> {
           `[prompt ${t.prompt_tokens} tokens (${t.cached_tokens} cached), ${t.prompt_tps.toFixed(1)} tok/s; generated ${t.generation_tokens} tokens, ${t.generation_tps.toFixed(1)} tok/s; ${r.finishReason}]\n`,
         );
       }
-      if (closed) break;
-      rl.prompt();
+      prompt();
     }
   } finally {
     process.off("SIGINT", onInterrupt);
