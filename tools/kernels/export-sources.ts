@@ -1,10 +1,11 @@
-// Write the kernel sources of packages/mlx-ops (name, input/output names, Metal and CUDA bodies)
+// Write the kernel sources of packages/mlx-ops and packages/kv-cache (name, input/output names, Metal and CUDA bodies)
 // to a JSON file, so a GPU machine without Bun can try them through Python MLX:
 //   bun tools/kernels/export-sources.ts out.json && python tools/kernels/check_cuda_kernels.py out.json
 import { geglu_kernel } from "../../packages/mlx-ops/src/kernels/geglu.ts";
+import { turboValuesKernel } from "../../packages/kv-cache/src/kernels/turbo-values.ts";
 
 const out = process.argv[2] ?? "kernel-sources.json";
-const kernels = [geglu_kernel].map(({ spec }) => ({
+const kernels = [geglu_kernel, turboValuesKernel].map(({ spec }) => ({
   name: spec.name,
   input_names: spec.input_names,
   output_names: spec.output_names,

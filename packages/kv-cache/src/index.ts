@@ -24,3 +24,4 @@ export { BatchKVCache, type PrepareOptions } from "./batch.ts";
 export { BatchRotatingKVCache } from "./batch-rotating.ts";
 export { PrefillRow, type RowPadding } from "./prefill-row.ts";
 export { paddedCausalMask, rollRows } from "./rows.ts";
+export { turboValues, turboValuesKernel } from "./kernels/turbo-values.ts";

@@ -4,6 +4,7 @@ import { itemSize, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { quantizedKeyAttention, tiledAttention, DEFAULT_QUERY_TILE } from "./affine.ts";
 import { checkKv, type KvCodec, PlanesView } from "./codec.ts";
+import { turboValues } from "./kernels/turbo-values.ts";
 import { fail } from "./types.ts";
 
 const tq = mx.turboquant;
@@ -62,14 +63,9 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
   const kq = { group_size: TURBO_K_GROUP, bits: kBits };
   const unrotate = (out: MlxArray, d: number, dtype: MlxArray["dtype"]): MlxArray => tq.fwht_inverse(out, tablesFor(d, dtype).signs);
 
-  /** Rotated values [B, H, T, D] (in the scale dtype) from the value planes. */
-  const rotatedValues = (packed: MlxArray, vscale: MlxArray, d: number): MlxArray => {
-    const t = tablesFor(d, vscale.dtype);
-    using codes = tq.unpack_bits(packed, vBits, d);
-    using unit = tq.codebook_dequantize(codes, t.centroids);
-    using scaled = mx.multiply(unit, vscale);
-    return mx.astype(scaled, vscale.dtype);
-  };
+  /** Rotated values [B, H, T, D] (in the scale dtype) from the value planes: one kernel on a GPU. */
+  const rotatedValues = (packed: MlxArray, vscale: MlxArray, d: number): MlxArray =>
+    turboValues(packed, vscale, tablesFor(d, vscale.dtype).centroids);
 
   return {
     name: `kv:turboquant:${kBits}:${vBits}`,
