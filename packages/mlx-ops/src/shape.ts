@@ -3,7 +3,7 @@ import { FFIType } from "bun:ffi";
 import { handleList, MlxArray, MlxError, Stream } from "@mlx-bun/mlx-ffi";
 import { type Axes, axesArg, fmt, intArg, intsArg, shapeArg } from "./axes.ts";
 import { bindOps, result, sh } from "./native.ts";
-import { handleSlots, takeHandles } from "./outputs.ts";
+import { takeList } from "./list.ts";
 import { type Scalar, scalarDtype } from "./scalar.ts";
 
 const { ptr, i32 } = FFIType;
@@ -20,8 +20,8 @@ const lib = bindOps({
   mlxb_contiguous: { args: [ptr, i32, ptr], returns: ptr },
   mlxb_concatenate: { args: [ptr, i32, i32, i32, ptr], returns: ptr },
   mlxb_stack: { args: [ptr, i32, i32, ptr], returns: ptr },
-  mlxb_split_sections: { args: [ptr, i32, i32, ptr, i32, ptr], returns: i32 },
-  mlxb_split_indices: { args: [ptr, ptr, i32, i32, ptr, i32, ptr], returns: i32 },
+  mlxb_split_sections: { args: [ptr, i32, i32, ptr], returns: ptr },
+  mlxb_split_indices: { args: [ptr, ptr, i32, i32, ptr], returns: ptr },
   mlxb_slice: { args: [ptr, ptr, ptr, ptr, i32, ptr], returns: ptr },
   mlxb_slice_dynamic: { args: [ptr, ptr, ptr, i32, ptr, i32, ptr], returns: ptr },
   mlxb_slice_update: { args: [ptr, ptr, ptr, ptr, ptr, i32, ptr], returns: ptr },
@@ -132,12 +132,10 @@ export function split(a: MlxArray, indices_or_sections: number | readonly number
   if (typeof indices_or_sections === "number") {
     const n = intArg("split", "sections", indices_or_sections);
     if (n <= 0) throw new MlxError(`split(${ctx()}): the number of sections must be positive`);
-    const slots = handleSlots(n);
-    return takeHandles("split", slots, lib().mlxb_split_sections(a.handle, n, axis, slots, n, sh(s)), ctx);
+    return takeList("split", lib().mlxb_split_sections(a.handle, n, axis, sh(s)), ctx);
   }
   const [p, n] = intsArg("split", "indices", indices_or_sections);
-  const slots = handleSlots(n + 1);
-  return takeHandles("split", slots, lib().mlxb_split_indices(a.handle, p, n, axis, slots, n + 1, sh(s)), ctx);
+  return takeList("split", lib().mlxb_split_indices(a.handle, p, n, axis, sh(s)), ctx);
 }
 
 /**

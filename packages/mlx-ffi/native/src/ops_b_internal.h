@@ -7,17 +7,6 @@
 #include "ops_internal.h"
 
 namespace mlxb {
-// A list of arrays returned by ops with several outputs (quantize, compiled functions, kernels).
-// The caller reads it with mlxb_list_size / mlxb_list_get and frees it with mlxb_list_free.
-using ArrayList = std::vector<mx::array>;
-
-inline void* wrap_list(std::vector<mx::array> v) {
-  return new ArrayList(std::move(v));
-}
-inline ArrayList& list_of(void* l) {
-  if (!l) throw std::invalid_argument("null array list handle");
-  return *static_cast<ArrayList*>(l);
-}
 // A nullable array handle as std::optional.
 inline std::optional<mx::array> opt_arr(mlxb_array h) {
   if (!h) return std::nullopt;

@@ -16,6 +16,18 @@ inline std::vector<mx::array> arrays_from(const uint64_t* hs, int n) {
   for (int i = 0; i < n; i++) v.push_back(arr(reinterpret_cast<mlxb_array>(hs[i])));
   return v;
 }
+// A list of arrays, the return value of every op with several outputs (split, quantize,
+// compiled functions, kernels). The caller reads it with mlxb_list_size / mlxb_list_get and
+// frees it with mlxb_list_free: no handle is ever written into caller (JS) memory.
+using ArrayList = std::vector<mx::array>;
+
+inline void* wrap_list(std::vector<mx::array> v) {
+  return new ArrayList(std::move(v));
+}
+inline ArrayList& list_of(void* l) {
+  if (!l) throw std::invalid_argument("null array list handle");
+  return *static_cast<ArrayList*>(l);
+}
 }  // namespace mlxb
 
 #define MLXB_UNARY(name, expr)                                        \

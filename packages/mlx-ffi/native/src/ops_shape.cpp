@@ -3,7 +3,6 @@
 #include <numeric>
 
 #include "ops_internal.h"
-#include "ops_outputs.h"
 
 using namespace mlxb;
 
@@ -77,15 +76,14 @@ MLXB_API mlxb_array mlxb_stack(const uint64_t* hs, int n, int axis, mlxb_stream 
   MLXB_GUARD(nullptr, { return wrap(mx::stack(arrays_from(hs, n), axis, stream_of(s))); })
 }
 
-// split into `sections` equal parts; handles go to out[0..cap).
-MLXB_API int mlxb_split_sections(mlxb_array a, int sections, int axis, uint64_t* out, int cap, mlxb_stream s) {
-  MLXB_GUARD(-1, { return write_handles(mx::split(arr(a), sections, axis, stream_of(s)), out, cap); })
+// split into `sections` equal parts; returns an array list.
+MLXB_API void* mlxb_split_sections(mlxb_array a, int sections, int axis, mlxb_stream s) {
+  MLXB_GUARD(nullptr, { return wrap_list(mx::split(arr(a), sections, axis, stream_of(s))); })
 }
 
-// split at the given indices (nidx + 1 parts).
-MLXB_API int mlxb_split_indices(mlxb_array a, const int32_t* idx, int nidx, int axis, uint64_t* out, int cap,
-                                mlxb_stream s) {
-  MLXB_GUARD(-1, { return write_handles(mx::split(arr(a), shape_from(idx, nidx), axis, stream_of(s)), out, cap); })
+// split at the given indices (nidx + 1 parts); returns an array list.
+MLXB_API void* mlxb_split_indices(mlxb_array a, const int32_t* idx, int nidx, int axis, mlxb_stream s) {
+  MLXB_GUARD(nullptr, { return wrap_list(mx::split(arr(a), shape_from(idx, nidx), axis, stream_of(s))); })
 }
 
 MLXB_API mlxb_array mlxb_slice(mlxb_array a, const int32_t* start, const int32_t* stop, const int32_t* strides, int n,
