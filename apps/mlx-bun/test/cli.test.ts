@@ -10,6 +10,8 @@ let dir: string;
 let hub: FakeHub;
 
 beforeAll(() => {
+  // The tests talk to a local fake hub only; an offline setting of the environment must not apply.
+  delete process.env.HF_HUB_OFFLINE;
   tmp = tempDir("mlxb-cli-");
   dir = makeTinySmall(join(tmp.path, "tiny"));
   hub = startFakeHub({ repos: { "tiny-org/tiny": dir } });

@@ -16,6 +16,8 @@ let hub: FakeHub;
 let cache: ReturnType<typeof tempDir>;
 
 beforeAll(() => {
+  // The tests talk to a local fake hub only; an offline setting of the environment must not apply.
+  delete process.env.HF_HUB_OFFLINE;
   src = tempDir("mlxb-hub-src-");
   makeTinySmall(src.path);
   hub = startFakeHub({
@@ -165,7 +167,7 @@ describe("--model with a repo id", () => {
 
   test("mlx-bun download prints the snapshot directory", async () => {
     hub.opts.dropHalfway = { [WEIGHTS]: 1 };
-    const r = await runCli(["download", REPO], { env: { HF_ENDPOINT: hub.url, MLX_BUN_CACHE: cache.path } });
+    const r = await runCli(["download", REPO], { env: { HF_ENDPOINT: hub.url, MLX_BUN_HF_ENDPOINT: "", MLX_BUN_CACHE: cache.path } });
     expect(r.stderr).toContain(WEIGHTS);
     expect(r.code).toBe(0);
     expect(r.stdout.trim()).toBe(snapshotDir(cache.path, REPO));

@@ -106,7 +106,7 @@ export class Engine implements Disposable {
     validateRequest(req, this);
     const seq = new Sequence(req, this.loaded.tokenizer);
     seq.cachedTokens = run.cachedTokens ?? 0;
-    void this.#run(seq, run).catch((e) => seq.channel.fail(e));
+    void this.#run(seq, run);
     return seq.channel;
   }
 
@@ -116,6 +116,7 @@ export class Engine implements Disposable {
     this.#busy = true;
     const caches = run.caches ?? this.makeCaches();
     let kept = false;
+    let failure: unknown;
     // Tokens of seq.history the caches hold (a pipelined step feeds a token before it is read).
     let inCache = 0;
     try {
@@ -155,10 +156,14 @@ export class Engine implements Disposable {
         if (seq.generated.length % 256 === 0) memory.clearCache();
       }
       if (run.onCaches) kept = run.onCaches(caches, seq.history.slice(0, inCache));
+    } catch (e) {
+      // A fault is an error of the stream, never a "cancelled" result.
+      failure = e;
     } finally {
       this.#busy = false;
       if (!kept) for (const c of caches) c.dispose();
-      seq.finish();
+      if (failure !== undefined) seq.channel.fail(failure);
+      else seq.finish();
       seq.dispose();
     }
   }

@@ -3,8 +3,10 @@
 import { toArrayBuffer } from "bun:ffi";
 import { statSync } from "node:fs";
 import { type Cache, type CacheMeta, makeState } from "@mlx-bun/kv-cache";
+import * as mx from "@mlx-bun/mlx-ops";
 import {
   checkHandle,
+  evaluate,
   lib,
   mapSafetensors,
   MlxArray,
@@ -132,20 +134,23 @@ export function savePromptCache(path: string, input: SavePromptCacheInput): Save
   if (!fingerprint) throw new KvStoreError(path, "no model fingerprint given");
   const states = caches.map((c) => c.state());
   const tokenArray = MlxArray.fromNumbers(tokens, [tokens.length], "int32");
+  // Row-major copies of the slots (a slice of a growable buffer is strided), evaluated together:
+  // hashing and writing then read the same buffers without another copy.
+  const slots: MlxArray[][] = [];
   try {
+    for (const s of states) slots.push(s.tensors.map((t) => mx.contiguous(t)));
+    evaluate(...slots.flat());
     const named: [string, MlxArray][] = [[TOKENS_TENSOR, tokenArray]];
     const layers: KvStoreLayer[] = states.map((s, i) => {
-      s.tensors.forEach((t, j) => named.push([slotName(i, j), t]));
+      slots[i]!.forEach((t, j) => named.push([slotName(i, j), t]));
       return {
         signature: s.signature,
         meta: { ...s.meta },
         tensors: s.tensors.length,
         minimumReusableOffset: caches[i]!.minimumReusableOffset,
-        xxh3: [],
+        xxh3: slots[i]!.map(hashArray),
       };
     });
-    // Hashing evaluates the tensors; the writer then reads the same evaluated buffers.
-    states.forEach((s, i) => (layers[i]!.xxh3 = s.tensors.map(hashArray)));
     const metadata: Record<string, string> = {
       [K.format]: KV_STORE_FORMAT,
       [K.version]: String(KV_STORE_VERSION),
@@ -167,6 +172,7 @@ export function savePromptCache(path: string, input: SavePromptCacheInput): Save
     return { path, bytes: info.bytes, cacheBytes, offset, bytesPerToken: offset ? cacheBytes / offset : 0 };
   } finally {
     tokenArray.dispose();
+    for (const a of slots.flat()) a.dispose();
     for (const s of states) s[Symbol.dispose]();
   }
 }

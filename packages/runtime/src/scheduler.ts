@@ -97,7 +97,8 @@ export class Scheduler {
         await yieldToEventLoop();
       }
     } catch (e) {
-      for (const r of [...this.#rows, ...this.#pending]) r.seq.channel.fail(e);
+      // A fault of the batch step: every running and waiting request gets the error.
+      for (const r of [...this.#rows, ...this.#pending]) this.#end(r, e);
       this.#rows = [];
       this.#pending = [];
       this.#dropCaches();
@@ -121,6 +122,7 @@ export class Scheduler {
       this.#reserved += e.bytes;
       const caches = this.engine.makeCaches();
       let joined = false;
+      let failure: unknown;
       try {
         const rest = this.engine.prefill(e.seq.req.promptIds, caches, 1);
         using x = MlxArray.fromNumbers(rest, [1, rest.length], "int32");
@@ -135,9 +137,12 @@ export class Scheduler {
           this.#rows.push(e);
           joined = true;
         }
+      } catch (err) {
+        // This request's prefill failed (e.g. a codec that cannot hold its head dim): it alone fails.
+        failure = err;
       } finally {
         for (const c of caches) c.dispose();
-        if (!joined) this.#end(e);
+        if (!joined) this.#end(e, failure);
       }
       await yieldToEventLoop();
     }
@@ -195,10 +200,12 @@ export class Scheduler {
     memory.clearCache();
   }
 
-  #end(e: Entry): void {
-    if (this.#rows.includes(e)) return;
+  /** Release a request's reservation and close its stream (with `failure` as its error, if any). */
+  #end(e: Entry, failure?: unknown): void {
+    if (this.#rows.includes(e) && failure === undefined) return;
     this.#reserved = Math.max(0, this.#reserved - e.bytes);
-    e.seq.finish();
+    if (failure !== undefined) e.seq.channel.fail(failure);
+    else e.seq.finish();
     e.seq.dispose();
   }
 

@@ -96,3 +96,22 @@ describe("generation", () => {
     expect(() => e.generate({ promptIds: [1], maxTokens: 10 ** 7 })).toThrow(/exceeds the model's context/);
   });
 });
+
+describe("faults", () => {
+  test("a generation fault is an error of the stream (alone and batched), not a cancelled result; the scheduler keeps serving", async () => {
+    // q8 needs head dims divisible by 64; the tiny model's sliding layers have 32.
+    using e = Engine.load(models.path("small"), { kv: "q8" });
+    const s = e.generate({ promptIds: PROMPT, maxTokens: 4 });
+    await expect(s.result).rejects.toThrow(/head dim 32 is not a multiple of the group size 64/);
+    const it = s[Symbol.asyncIterator]();
+    await expect(it.next()).rejects.toThrow(/group size 64/);
+    const { Scheduler } = await import("../src/index.ts");
+    const sched = new Scheduler(e);
+    await expect(sched.submit({ promptIds: PROMPT, maxTokens: 4 }).result).rejects.toThrow(/group size 64/);
+    await expect(sched.submit({ promptIds: PROMPT, maxTokens: 4 }).result).rejects.toThrow(/group size 64/);
+    await sched.close();
+    using ok = Engine.load(models.path("small"));
+    const r = await ok.generate({ promptIds: PROMPT, maxTokens: 3 }).result;
+    expect(r.tokens.length).toBe(3);
+  });
+});

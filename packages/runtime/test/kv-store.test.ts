@@ -152,7 +152,7 @@ describe("bad files: a clear error, the file intact, the caller's caches unchang
       () => ({
         file: variant("data.safetensors", (f) => {
           const b = readFileSync(f);
-          b[b.length - 3] ^= 0xff; // inside the last cache tensor
+          b[b.length - 3] = b[b.length - 3]! ^ 0xff; // inside the last cache tensor
           writeFileSync(f, b);
         }),
       }),
