@@ -5,7 +5,7 @@ import { checkPlanesMatch, describeCache, justifyRows, type PrepareOptions, read
 import { checkKv, type KvCodec, plainCodec } from "./codec.ts";
 import { makeState } from "./growable.ts";
 import { createCausalMask } from "./mask.ts";
-import { catTokens, disposeAll, planeBytesPerToken, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
+import { catTokens, disposeAll, PlaneLayout, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
 import { RotatingKVCache } from "./rotating.ts";
 import { catRows, checkInts, compactRow, int32Vector, leftPaddedRow, rollRows, rowOf, takeRows } from "./rows.ts";
 import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
@@ -24,9 +24,8 @@ import { type Cache, type CacheState, type KvView, type Mask, fail } from "./typ
  * while the buffer is larger), then the row offsets and the left padding as
  * int32 [B]; meta { offset, idx, rotated (0/1), maxSize }.
  */
-export class BatchRotatingKVCache implements Cache {
+export class BatchRotatingKVCache extends PlaneLayout implements Cache {
   static readonly step = 256;
-  #planes: MlxArray[] | null = null;
   #lp: number[];
   #offs: number[];
   #idx = 0;
@@ -40,6 +39,7 @@ export class BatchRotatingKVCache implements Cache {
     leftPadding: readonly number[],
     readonly codec: KvCodec = plainCodec,
   ) {
+    super();
     if (!Number.isInteger(maxSize) || maxSize <= 0) fail(`BatchRotatingKVCache: maxSize must be a positive integer, got ${maxSize}`);
     checkInts("BatchRotatingKVCache: leftPadding", leftPadding, { min: 0 });
     if (leftPadding.length === 0) fail("BatchRotatingKVCache: a batch needs at least one row");
@@ -84,7 +84,7 @@ export class BatchRotatingKVCache implements Cache {
   }
 
   get capacity(): number {
-    return this.#planes ? this.#planes[0]!.shape[2]! : 0;
+    return this._planes ? this._planes[0]!.shape[2]! : 0;
   }
 
   get rowMinimumReusableOffsets(): number[] {
@@ -101,16 +101,16 @@ export class BatchRotatingKVCache implements Cache {
 
   #temporalOrder(): void {
     if (this.#rotated) {
-      replaceAll(this.#planes!, (p) => mx.roll(p, -this.#idx, 2));
+      replaceAll(this._planes!, (p) => mx.roll(p, -this.#idx, 2));
       this.#idx = this.capacity;
       this.#rotated = false;
     }
   }
 
   #updateConcat(enc: MlxArray[], n: number): void {
-    if (!this.#planes) this.#planes = enc.map((e) => e.retain());
+    if (!this._planes) this._planes = enc.map((e) => e.retain());
     else {
-      const planes = this.#planes;
+      const planes = this._planes;
       this.#temporalOrder();
       if (this.capacity > this.#idx) replaceAll(planes, (p) => tokens(p, 0, this.#idx));
       if (this.#lengths) {
@@ -135,18 +135,18 @@ export class BatchRotatingKVCache implements Cache {
   #updateInPlace(enc: MlxArray[], s: number): void {
     if (this.#lengths) fail("BatchRotatingKVCache: finalize() must be called before decoding a right-padded prefill");
     const prev = this.#offset;
-    if (!this.#planes || (prev >= this.capacity && this.capacity < this.maxSize)) {
+    if (!this._planes || (prev >= this.capacity && this.capacity < this.maxSize)) {
       const size = Math.min(BatchRotatingKVCache.step, this.maxSize - prev);
       if (size <= 0) fail(`BatchRotatingKVCache: cannot grow the ring at offset ${prev} (maxSize ${this.maxSize})`);
-      if (this.#planes) {
-        replaceAll(this.#planes, (p) => {
+      if (this._planes) {
+        replaceAll(this._planes, (p) => {
           using z = zerosTokens(p, size);
           return catTokens([p, z]);
         });
-      } else this.#planes = enc.map((e) => zerosTokens(e, size));
+      } else this._planes = enc.map((e) => zerosTokens(e, size));
       this.#idx = prev;
     }
-    const planes = this.#planes;
+    const planes = this._planes;
     const trim = this.capacity - this.maxSize;
     if (trim > 0) {
       replaceAll(planes, (p) => tokens(p, trim, p.shape[2]!));
@@ -169,8 +169,8 @@ export class BatchRotatingKVCache implements Cache {
     this.codec.check(k, v);
     const B = this.#lp.length;
     if (k.shape[0] !== B) fail(`BatchRotatingKVCache.updateAndFetch: keys ${k.describe()} have ${k.shape[0]} rows, the batch has ${B}`);
-    if (this.#planes && this.#planes[0]!.shape[1] !== k.shape[1]) {
-      fail(`BatchRotatingKVCache.updateAndFetch: keys ${k.describe()} have ${k.shape[1]} heads, the cache ${this.#planes[0]!.shape[1]}`);
+    if (this._planes && this._planes[0]!.shape[1] !== k.shape[1]) {
+      fail(`BatchRotatingKVCache.updateAndFetch: keys ${k.describe()} have ${k.shape[1]} heads, the cache ${this._planes[0]!.shape[1]}`);
     }
     const enc = this.codec.encode(k, v);
     const n = k.shape[2]!;
@@ -185,7 +185,7 @@ export class BatchRotatingKVCache implements Cache {
   }
 
   #fetch(): MlxArray[] {
-    return this.#planes!.map((p) => (this.#offset < p.shape[2]! ? tokens(p, 0, this.#offset) : p.retain()));
+    return this._planes!.map((p) => (this.#offset < p.shape[2]! ? tokens(p, 0, this.#offset) : p.retain()));
   }
 
   /** mlx-lm's make_mask: causal within the window (default maxSize), hiding each row's padding, rolled to the ring when wrapped. */
@@ -212,7 +212,7 @@ export class BatchRotatingKVCache implements Cache {
   prepare(opts: PrepareOptions): void {
     const B = this.#lp.length;
     if (opts.leftPadding) {
-      if (this.#planes) fail("BatchRotatingKVCache.prepare: left padding can only be added to an empty BatchRotatingKVCache");
+      if (this._planes) fail("BatchRotatingKVCache.prepare: left padding can only be added to an empty BatchRotatingKVCache");
       checkInts("BatchRotatingKVCache.prepare: leftPadding", opts.leftPadding, { length: B, min: 0 });
       this.#lp = this.#lp.map((l, b) => l + opts.leftPadding![b]!);
       this.#offs = this.#offs.map((o, b) => o - opts.leftPadding![b]!);
@@ -232,7 +232,7 @@ export class BatchRotatingKVCache implements Cache {
     const lengths = this.#lengths;
     if (!lengths) return;
     const roll = this.#offs.map((o, b) => Math.max(0, o - lengths[b]!));
-    if (this.#planes) replaceAll(this.#planes, (p) => rollRows(p, roll));
+    if (this._planes) replaceAll(this._planes, (p) => rollRows(p, roll));
     this.#lp = this.#lp.map((l, b) => l + roll[b]!);
     this.#offs = this.#offs.map((o, b) => o - roll[b]!);
     this.#lengths = null;
@@ -244,7 +244,7 @@ export class BatchRotatingKVCache implements Cache {
 
   state(): CacheState {
     this.#requireFinalized("state");
-    const tensors: MlxArray[] = this.#planes ? this.#fetch() : [];
+    const tensors: MlxArray[] = this._planes ? this.#fetch() : [];
     tensors.push(int32Vector(this.#offs), int32Vector(this.#lp));
     return makeState(this.signature(), tensors, {
       offset: this.#offset,
@@ -279,9 +279,9 @@ export class BatchRotatingKVCache implements Cache {
       if (p.ndim !== 4 || p.shape[0] !== offs.length || p.shape[2] !== t) fail(`${op}: plane ${p.describe()} is not [${offs.length}, H, ${t}, x]`);
     }
     if (idx! > Math.max(t, this.maxSize)) fail(`${op}: meta.idx ${idx} is past the ring (${t} slots)`);
-    disposeAll(this.#planes);
+    disposeAll(this._planes);
     for (const x of state.tensors.slice(n - 2)) x.dispose();
-    this.#planes = planes.length ? planes : null;
+    this._planes = planes.length ? planes : null;
     this.#offset = offset!;
     this.#idx = idx!;
     this.#rotated = rotated === 1;
@@ -312,7 +312,7 @@ export class BatchRotatingKVCache implements Cache {
     if (rows.length === 0) fail("BatchRotatingKVCache.filter: keep at least one row (dispose the cache to drop them all)");
     for (const r of rows) if (r < 0 || r >= B) fail(`BatchRotatingKVCache.filter: row ${r} is out of range for a batch of ${B}`);
     this.#requireFinalized("filter");
-    if (this.#planes) replaceAll(this.#planes, (p) => takeRows(p, rows));
+    if (this._planes) replaceAll(this._planes, (p) => takeRows(p, rows));
     this.#lp = rows.map((r) => this.#lp[r]!);
     this.#offs = rows.map((r) => this.#offs[r]!);
     this.#rowMin = rows.map((r) => this.#rowMin[r]!);
@@ -331,29 +331,29 @@ export class BatchRotatingKVCache implements Cache {
     if (other === this) fail("BatchRotatingKVCache.extend: cannot extend a batch with itself");
     this.#requireFinalized("extend");
     other.#requireFinalized("extend");
-    if (!this.#planes && !other.#planes) {
+    if (!this._planes && !other._planes) {
       this.#lp = [...this.#lp, ...other.#lp];
       this.#offs = [...this.#offs, ...other.#offs];
       this.#rowMin = [...this.#rowMin, ...other.#rowMin];
       return;
     }
-    if (this.#planes && other.#planes) checkPlanesMatch("BatchRotatingKVCache.extend", this.#planes, other.#planes);
+    if (this._planes && other._planes) checkPlanesMatch("BatchRotatingKVCache.extend", this._planes, other._planes);
     if (this.#rotated !== other.#rotated || this.#idx !== other.#idx) {
-      if (this.#planes) this.#temporalOrder();
-      if (other.#planes) other.#temporalOrder();
+      if (this._planes) this.#temporalOrder();
+      if (other._planes) other.#temporalOrder();
     }
-    const ref = (this.#planes ?? other.#planes)!;
+    const ref = (this._planes ?? other._planes)!;
     const maxIdx = Math.max(this.#idx, other.#idx);
     const maxSize = Math.max(this.capacity, other.capacity);
     const leftA = maxIdx - this.#idx;
     const leftB = maxIdx - other.#idx;
-    const a = justifyRows(ref, this.#planes, this.#lp.length, leftA, maxSize);
+    const a = justifyRows(ref, this._planes, this.#lp.length, leftA, maxSize);
     let b: MlxArray[] | null = null;
     try {
-      b = justifyRows(ref, other.#planes, other.#lp.length, leftB, maxSize);
+      b = justifyRows(ref, other._planes, other.#lp.length, leftB, maxSize);
       const next = a.map((p, i) => catRows([p, b![i]!]));
-      disposeAll(this.#planes);
-      this.#planes = next;
+      disposeAll(this._planes);
+      this._planes = next;
     } finally {
       disposeAll(a);
       disposeAll(b);
@@ -372,12 +372,12 @@ export class BatchRotatingKVCache implements Cache {
     this.#requireFinalized("extract");
     const out = new RotatingKVCache(this.maxSize, 0, this.codec);
     out.minimumReusableOffset = this.#rowMin[row]!;
-    if (!this.#planes) return out;
+    if (!this._planes) return out;
     const padding = Math.max(0, this.#lp[row]!);
     const offset = this.#offs[row]!;
     let planes: MlxArray[];
     if (this.#rotated) {
-      const rolled = this.#planes.map((p) => {
+      const rolled = this._planes.map((p) => {
         using r = rowOf(p, row);
         return mx.roll(r, -this.#idx, 2);
       });
@@ -389,7 +389,7 @@ export class BatchRotatingKVCache implements Cache {
       }
     } else {
       const stop = Math.min(this.#idx, this.capacity);
-      planes = compactRow(this.#planes, row, Math.min(padding, stop), stop);
+      planes = compactRow(this._planes, row, Math.min(padding, stop), stop);
     }
     const t = planes[0]!.shape[2]!;
     if (offset <= 0 && t === 0) {
@@ -437,7 +437,7 @@ export class BatchRotatingKVCache implements Cache {
       windows.forEach((w, i) => {
         if (w) checkPlanesMatch(`BatchRotatingKVCache.merge (row ${i})`, ref, w);
       });
-      out.#planes = ref.map((r, j) => {
+      out._planes = ref.map((r, j) => {
         const parts = windows.map((w, i) => leftPaddedRow(r, maxLen - lengths[i]!, w ? w[j]! : null));
         try {
           return catRows(parts);
@@ -458,26 +458,6 @@ export class BatchRotatingKVCache implements Cache {
     return `batch:rotating:${this.maxSize}:0:${this.codec.name}`;
   }
 
-  bytesPerToken(): number {
-    return this.#planes ? planeBytesPerToken(this.#planes) : 0;
-  }
-
-  get nbytes(): number {
-    return this.#planes ? this.#planes.reduce((a, p) => a + p.nbytes, 0) : 0;
-  }
-
-  get planes(): readonly MlxArray[] | null {
-    return this.#planes;
-  }
-
-  dispose(): void {
-    disposeAll(this.#planes);
-    this.#planes = null;
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
-  }
 }
 
 /**

@@ -3,7 +3,7 @@ import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { checkKv, type KvCodec, plainCodec } from "./codec.ts";
 import { KVCache, makeState } from "./growable.ts";
 import { PrefillRow } from "./prefill-row.ts";
-import { catTokens, disposeAll, planeBytesPerToken, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
+import { appendGrowing, disposeAll, PlaneLayout, replaceAll, tokens } from "./planes.ts";
 import {
   catRows,
   checkInts,
@@ -68,9 +68,8 @@ export function readRowSlot(op: string, name: string, t: MlxArray | undefined, b
  * State slots: the codec's planes sliced to `idx` (none while empty), then
  * the row offsets and the left padding as int32 [B]; meta { idx }.
  */
-export class BatchKVCache implements Cache {
+export class BatchKVCache extends PlaneLayout implements Cache {
   static readonly step = 256;
-  #planes: MlxArray[] | null = null;
   #lp: number[];
   #idx = 0;
   #right: number[] | null = null;
@@ -80,6 +79,7 @@ export class BatchKVCache implements Cache {
     leftPadding: readonly number[],
     readonly codec: KvCodec = plainCodec,
   ) {
+    super();
     checkInts("BatchKVCache: leftPadding", leftPadding, { min: 0 });
     if (leftPadding.length === 0) fail("BatchKVCache: a batch needs at least one row");
     this.#lp = [...leftPadding];
@@ -121,7 +121,7 @@ export class BatchKVCache implements Cache {
 
   /** Physical token capacity of the buffers. */
   get capacity(): number {
-    return this.#planes ? this.#planes[0]!.shape[2]! : 0;
+    return this._planes ? this._planes[0]!.shape[2]! : 0;
   }
 
   /** Per-row minimum reusable offsets (row coordinates), carried through merge/filter/extend/extract. */
@@ -143,26 +143,15 @@ export class BatchKVCache implements Cache {
     this.codec.check(k, v);
     const B = this.#lp.length;
     if (k.shape[0] !== B) fail(`BatchKVCache.updateAndFetch: keys ${k.describe()} have ${k.shape[0]} rows, the batch has ${B}`);
-    if (this.#planes && this.#planes[0]!.shape[1] !== k.shape[1]) {
-      fail(`BatchKVCache.updateAndFetch: keys ${k.describe()} have ${k.shape[1]} heads, the cache ${this.#planes[0]!.shape[1]}`);
+    if (this._planes && this._planes[0]!.shape[1] !== k.shape[1]) {
+      fail(`BatchKVCache.updateAndFetch: keys ${k.describe()} have ${k.shape[1]} heads, the cache ${this._planes[0]!.shape[1]}`);
     }
     const enc = this.codec.encode(k, v);
     try {
       const prev = this.#idx;
       const n = k.shape[2]!;
-      if (!this.#planes || prev + n > this.capacity) {
-        const grow = Math.ceil(n / BatchKVCache.step) * BatchKVCache.step;
-        if (this.#planes) {
-          const planes = this.#planes;
-          if (prev % BatchKVCache.step !== 0) replaceAll(planes, (p) => tokens(p, 0, prev));
-          replaceAll(planes, (p) => {
-            using z = zerosTokens(p, grow);
-            return catTokens([p, z]);
-          });
-        } else this.#planes = enc.map((e) => zerosTokens(e, grow));
-      }
+      this._planes = appendGrowing(this._planes, enc, prev, BatchKVCache.step);
       this.#idx += n;
-      replaceAll(this.#planes!, (p, i) => writeTokens(p, enc[i]!, prev));
     } finally {
       disposeAll(enc);
     }
@@ -170,7 +159,7 @@ export class BatchKVCache implements Cache {
   }
 
   #fetch(): MlxArray[] {
-    return this.#planes!.map((p) => (this.#idx < p.shape[2]! ? tokens(p, 0, this.#idx) : p.retain()));
+    return this._planes!.map((p) => (this.#idx < p.shape[2]! ? tokens(p, 0, this.#idx) : p.retain()));
   }
 
   /** mlx-lm's make_mask: create_causal_mask(n, offset=idx, window, left_padding), always an array [B, 1, n, idx + n]. */
@@ -182,7 +171,7 @@ export class BatchKVCache implements Cache {
   prepare(opts: PrepareOptions): void {
     const B = this.#lp.length;
     if (opts.leftPadding) {
-      if (this.#planes) fail("BatchKVCache.prepare: left padding can only be added to an empty BatchKVCache");
+      if (this._planes) fail("BatchKVCache.prepare: left padding can only be added to an empty BatchKVCache");
       checkInts("BatchKVCache.prepare: leftPadding", opts.leftPadding, { length: B, min: 0 });
       this.#lp = this.#lp.map((l, b) => l + opts.leftPadding![b]!);
     }
@@ -196,7 +185,7 @@ export class BatchKVCache implements Cache {
   finalize(): void {
     const r = this.#right;
     if (!r) return;
-    if (this.#planes) replaceAll(this.#planes, (p) => rollRows(p, r));
+    if (this._planes) replaceAll(this._planes, (p) => rollRows(p, r));
     this.#lp = this.#lp.map((l, b) => l + r[b]!);
     this.#right = null;
   }
@@ -207,7 +196,7 @@ export class BatchKVCache implements Cache {
 
   state(): CacheState {
     this.#requireFinalized("state");
-    const tensors: MlxArray[] = this.#planes ? this.#fetch() : [];
+    const tensors: MlxArray[] = this._planes ? this.#fetch() : [];
     tensors.push(int32Vector(this.offsets), int32Vector(this.#lp));
     return makeState(this.signature(), tensors, { idx: this.#idx });
   }
@@ -233,9 +222,9 @@ export class BatchKVCache implements Cache {
     lp.forEach((l, b) => {
       if (l < 0 || offsets[b] !== idx - l) fail(`${op}: row ${b} has offset ${offsets[b]} and left padding ${l}, inconsistent with idx ${idx}`);
     });
-    disposeAll(this.#planes);
+    disposeAll(this._planes);
     for (const t of state.tensors.slice(n - 2)) t.dispose();
-    this.#planes = planes.length ? planes : null;
+    this._planes = planes.length ? planes : null;
     this.#idx = idx;
     this.#lp = lp;
     this.#right = null;
@@ -261,12 +250,12 @@ export class BatchKVCache implements Cache {
     if (rows.length === 0) fail("BatchKVCache.filter: keep at least one row (dispose the cache to drop them all)");
     for (const r of rows) if (r < 0 || r >= B) fail(`BatchKVCache.filter: row ${r} is out of range for a batch of ${B}`);
     this.#requireFinalized("filter");
-    if (this.#planes) replaceAll(this.#planes, (p) => takeRows(p, rows));
+    if (this._planes) replaceAll(this._planes, (p) => takeRows(p, rows));
     this.#lp = rows.map((r) => this.#lp[r]!);
     this.#rowMin = rows.map((r) => this.#rowMin[r]!);
     const minLp = Math.min(...this.#lp);
     if (minLp > 0) {
-      if (this.#planes) replaceAll(this.#planes, (p) => tokens(p, minLp, p.shape[2]!));
+      if (this._planes) replaceAll(this._planes, (p) => tokens(p, minLp, p.shape[2]!));
       this.#idx -= minLp;
       this.#lp = this.#lp.map((l) => l - minLp);
     }
@@ -281,26 +270,26 @@ export class BatchKVCache implements Cache {
     if (other === this) fail("BatchKVCache.extend: cannot extend a batch with itself");
     this.#requireFinalized("extend");
     other.#requireFinalized("extend");
-    if (!this.#planes && !other.#planes) {
+    if (!this._planes && !other._planes) {
       this.#lp = [...this.#lp, ...other.#lp];
       this.#rowMin = [...this.#rowMin, ...other.#rowMin];
       return;
     }
-    if (this.#planes && other.#planes) checkPlanesMatch("BatchKVCache.extend", this.#planes, other.#planes);
-    const ref = (this.#planes ?? other.#planes)!;
+    if (this._planes && other._planes) checkPlanesMatch("BatchKVCache.extend", this._planes, other._planes);
+    const ref = (this._planes ?? other._planes)!;
     const maxIdx = Math.max(this.#idx, other.#idx);
     const maxSize = Math.max(this.capacity, other.capacity);
     const padded = (c: BatchKVCache): { planes: MlxArray[]; left: number } => {
       const left = maxIdx - c.#idx;
-      return { planes: justifyRows(ref, c.#planes, c.#lp.length, left, maxSize), left };
+      return { planes: justifyRows(ref, c._planes, c.#lp.length, left, maxSize), left };
     };
     const a = padded(this);
     let b: { planes: MlxArray[]; left: number } | null = null;
     try {
       b = padded(other);
       const next = a.planes.map((p, i) => catRows([p, b!.planes[i]!]));
-      disposeAll(this.#planes);
-      this.#planes = next;
+      disposeAll(this._planes);
+      this._planes = next;
     } finally {
       disposeAll(a.planes);
       disposeAll(b?.planes);
@@ -318,8 +307,8 @@ export class BatchKVCache implements Cache {
     const out = new KVCache(this.codec);
     out.minimumReusableOffset = this.#rowMin[row]!;
     const start = this.#lp[row]!;
-    if (!this.#planes || this.#idx <= start) return out;
-    const planes = compactRow(this.#planes, row, start, this.#idx);
+    if (!this._planes || this.#idx <= start) return out;
+    const planes = compactRow(this._planes, row, start, this.#idx);
     try {
       out.restoreState(makeState(this.codec.name, planes, { offset: this.#idx - start }));
     } catch (e) {
@@ -359,7 +348,7 @@ export class BatchKVCache implements Cache {
       states.forEach((s, i) => {
         if (s.tensors.length) checkPlanesMatch(`BatchKVCache.merge (row ${i})`, ref, s.tensors);
       });
-      out.#planes = ref.map((r, j) => {
+      out._planes = ref.map((r, j) => {
         const parts = states.map((s, i) => leftPaddedRow(r, padding[i]!, s.tensors.length ? s.tensors[j]! : null));
         try {
           return catRows(parts);
@@ -379,27 +368,6 @@ export class BatchKVCache implements Cache {
   }
 
   /** Bytes one more token column costs (all rows). */
-  bytesPerToken(): number {
-    return this.#planes ? planeBytesPerToken(this.#planes) : 0;
-  }
-
-  get nbytes(): number {
-    return this.#planes ? this.#planes.reduce((a, p) => a + p.nbytes, 0) : 0;
-  }
-
-  /** The stored planes (borrowed), for tests. */
-  get planes(): readonly MlxArray[] | null {
-    return this.#planes;
-  }
-
-  dispose(): void {
-    disposeAll(this.#planes);
-    this.#planes = null;
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
-  }
 }
 
 export function describeCache(c: unknown): string {

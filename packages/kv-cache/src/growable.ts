@@ -2,7 +2,7 @@
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { type KvCodec, plainCodec } from "./codec.ts";
 import { linearMask } from "./mask.ts";
-import { catTokens, disposeAll, planeBytesPerToken, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
+import { appendGrowing, disposeAll, PlaneLayout, tokens } from "./planes.ts";
 import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
 
 /** A snapshot that owns its tensors. */
@@ -18,13 +18,14 @@ export function makeState(signature: string, tensors: MlxArray[], meta: Record<s
  * v.scales, v.biases; TurboQuant: k.w, k.scales, k.biases, v.codes, v.scale);
  * meta { offset }.
  */
-export class KVCache implements Cache {
+export class KVCache extends PlaneLayout implements Cache {
   static readonly step = 256;
-  #planes: MlxArray[] | null = null;
   #offset = 0;
   minimumReusableOffset = 0;
 
-  constructor(readonly codec: KvCodec = plainCodec) {}
+  constructor(readonly codec: KvCodec = plainCodec) {
+    super();
+  }
 
   get offset(): number {
     return this.#offset;
@@ -32,7 +33,7 @@ export class KVCache implements Cache {
 
   /** Physical token capacity of the buffers. */
   get capacity(): number {
-    return this.#planes ? this.#planes[0]!.shape[2]! : 0;
+    return this._planes ? this._planes[0]!.shape[2]! : 0;
   }
 
   updateAndFetch(k: MlxArray, v: MlxArray): KvView {
@@ -41,22 +42,11 @@ export class KVCache implements Cache {
     try {
       const prev = this.#offset;
       const n = k.shape[2]!;
-      if (this.#planes && this.#planes[0]!.shape[0] !== k.shape[0]) {
-        fail(`KVCache.updateAndFetch: batch ${k.shape[0]} does not match the cache's ${this.#planes[0]!.shape[0]}`);
+      if (this._planes && this._planes[0]!.shape[0] !== k.shape[0]) {
+        fail(`KVCache.updateAndFetch: batch ${k.shape[0]} does not match the cache's ${this._planes[0]!.shape[0]}`);
       }
-      if (!this.#planes || prev + n > this.capacity) {
-        const grow = Math.ceil(n / KVCache.step) * KVCache.step;
-        if (this.#planes) {
-          const planes = this.#planes;
-          if (prev % KVCache.step !== 0) replaceAll(planes, (p) => tokens(p, 0, prev));
-          replaceAll(planes, (p) => {
-            using z = zerosTokens(p, grow);
-            return catTokens([p, z]);
-          });
-        } else this.#planes = enc.map((e) => zerosTokens(e, grow));
-      }
+      this._planes = appendGrowing(this._planes, enc, prev, KVCache.step);
       this.#offset += n;
-      replaceAll(this.#planes!, (p, i) => writeTokens(p, enc[i]!, prev));
     } finally {
       disposeAll(enc);
     }
@@ -64,7 +54,7 @@ export class KVCache implements Cache {
   }
 
   #fetch(): MlxArray[] {
-    const planes = this.#planes!;
+    const planes = this._planes!;
     if (this.#offset < this.capacity) return planes.map((p) => tokens(p, 0, this.#offset));
     return planes.map((p) => p.retain());
   }
@@ -74,7 +64,7 @@ export class KVCache implements Cache {
   }
 
   state(): CacheState {
-    return makeState(this.signature(), this.#planes && this.#offset ? this.#fetch() : [], { offset: this.#offset });
+    return makeState(this.signature(), this._planes && this.#offset ? this.#fetch() : [], { offset: this.#offset });
   }
 
   restoreState(state: CacheState): void {
@@ -88,8 +78,8 @@ export class KVCache implements Cache {
     for (const t of state.tensors) {
       if (t.ndim !== 4 || t.shape[2] !== offset) fail(`KVCache.restoreState: tensor ${t.describe()} does not hold ${offset} tokens as [B, H, T, x]`);
     }
-    disposeAll(this.#planes);
-    this.#planes = state.tensors.length ? [...state.tensors] : null;
+    disposeAll(this._planes);
+    this._planes = state.tensors.length ? [...state.tensors] : null;
     this.#offset = offset;
   }
 
@@ -108,25 +98,4 @@ export class KVCache implements Cache {
     return this.codec.name;
   }
 
-  bytesPerToken(): number {
-    return this.#planes ? planeBytesPerToken(this.#planes) : 0;
-  }
-
-  get nbytes(): number {
-    return this.#planes ? this.#planes.reduce((a, p) => a + p.nbytes, 0) : 0;
-  }
-
-  /** The stored planes (borrowed), for conversions and tests. */
-  get planes(): readonly MlxArray[] | null {
-    return this.#planes;
-  }
-
-  dispose(): void {
-    disposeAll(this.#planes);
-    this.#planes = null;
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
-  }
 }

@@ -44,3 +44,55 @@ export function planeBytesPerToken(planes: readonly MlxArray[]): number {
   for (const p of planes) n += p.shape[0]! * p.shape[1]! * p.shape[3]! * p.itemsize;
   return n;
 }
+
+/**
+ * What every layout has from its planes alone: bytes, the borrowed planes, disposal. The
+ * layouts (KVCache, RotatingKVCache and their batched forms) differ only in how tokens move.
+ */
+export abstract class PlaneLayout implements Disposable {
+  protected _planes: MlxArray[] | null = null;
+
+  /** Bytes one more token costs (0 before the first update). */
+  bytesPerToken(): number {
+    return this._planes ? planeBytesPerToken(this._planes) : 0;
+  }
+
+  get nbytes(): number {
+    return this._planes ? this._planes.reduce((a, p) => a + p.nbytes, 0) : 0;
+  }
+
+  /** The stored planes (borrowed), for conversions and tests. */
+  get planes(): readonly MlxArray[] | null {
+    return this._planes;
+  }
+
+  dispose(): void {
+    disposeAll(this._planes);
+    this._planes = null;
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/**
+ * mlx-lm's KVCache growth and write, over planes: when `prev + L` passes the capacity, trim to
+ * `prev` if it is not a multiple of `step`, then append zeros for ceil(L / step) steps; then
+ * write the encoded chunk at `prev` with slice_update. Returns the planes (replaced in place).
+ */
+export function appendGrowing(planes: MlxArray[] | null, enc: readonly MlxArray[], prev: number, step: number): MlxArray[] {
+  const n = enc[0]!.shape[2]!;
+  if (!planes || prev + n > planes[0]!.shape[2]!) {
+    const grow = Math.ceil(n / step) * step;
+    if (planes) {
+      if (prev % step !== 0) replaceAll(planes, (p) => tokens(p, 0, prev));
+      replaceAll(planes, (p) => {
+        using z = zerosTokens(p, grow);
+        return catTokens([p, z]);
+      });
+    } else planes = enc.map((e) => zerosTokens(e, grow));
+  }
+  replaceAll(planes, (p, i) => writeTokens(p, enc[i]!, prev));
+  return planes;
+}

@@ -4,7 +4,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { type KvCodec, plainCodec } from "./codec.ts";
 import { makeState } from "./growable.ts";
 import { createCausalMask } from "./mask.ts";
-import { catTokens, disposeAll, planeBytesPerToken, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
+import { catTokens, disposeAll, PlaneLayout, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
 import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
 
 /**
@@ -15,9 +15,8 @@ import { type Cache, type CacheState, type KvView, type Mask, fail } from "./typ
  * State slots: the codec's planes as stored (the ring, not temporal order);
  * meta { offset, idx, keep, maxSize }.
  */
-export class RotatingKVCache implements Cache {
+export class RotatingKVCache extends PlaneLayout implements Cache {
   static readonly step = 256;
-  #planes: MlxArray[] | null = null;
   #offset = 0;
   #idx = 0;
   minimumReusableOffset = 0;
@@ -27,6 +26,7 @@ export class RotatingKVCache implements Cache {
     readonly keep = 0,
     readonly codec: KvCodec = plainCodec,
   ) {
+    super();
     if (!Number.isInteger(maxSize) || maxSize <= 0) fail(`RotatingKVCache: maxSize must be a positive integer, got ${maxSize}`);
     if (!Number.isInteger(keep) || keep < 0 || keep >= maxSize) fail(`RotatingKVCache: keep must be in [0, maxSize), got ${keep}`);
   }
@@ -36,7 +36,7 @@ export class RotatingKVCache implements Cache {
   }
 
   #cap(): number {
-    return this.#planes ? this.#planes[0]!.shape[2]! : 0;
+    return this._planes ? this._planes[0]!.shape[2]! : 0;
   }
 
   /** Drop `trim` tokens after the first `keep`, then append. */
@@ -68,9 +68,9 @@ export class RotatingKVCache implements Cache {
   }
 
   #updateConcat(enc: MlxArray[], n: number): void {
-    if (!this.#planes) this.#planes = enc.map((e) => e.retain());
+    if (!this._planes) this._planes = enc.map((e) => e.retain());
     else {
-      const planes = this.#planes;
+      const planes = this._planes;
       replaceAll(planes, (p) => this.#temporalOrder(p));
       this.#idx = planes[0]!.shape[2]!;
       const trim = this.#idx - this.maxSize + 1;
@@ -82,17 +82,17 @@ export class RotatingKVCache implements Cache {
 
   #updateInPlace(enc: MlxArray[], n: number): void {
     const prev = this.#offset;
-    if (!this.#planes || (prev >= this.#cap() && this.#cap() < this.maxSize)) {
+    if (!this._planes || (prev >= this.#cap() && this.#cap() < this.maxSize)) {
       const size = Math.min(RotatingKVCache.step, this.maxSize - prev);
-      if (this.#planes) {
-        replaceAll(this.#planes, (p) => {
+      if (this._planes) {
+        replaceAll(this._planes, (p) => {
           using z = zerosTokens(p, size);
           return catTokens([p, z]);
         });
-      } else this.#planes = enc.map((e) => zerosTokens(e, size));
+      } else this._planes = enc.map((e) => zerosTokens(e, size));
       this.#idx = prev;
     }
-    const planes = this.#planes;
+    const planes = this._planes;
     const trim = this.#cap() - this.maxSize;
     if (trim > 0) {
       replaceAll(planes, (p) => this.#trim(trim, p));
@@ -106,8 +106,8 @@ export class RotatingKVCache implements Cache {
 
   updateAndFetch(k: MlxArray, v: MlxArray): KvView {
     this.codec.check(k, v);
-    if (this.#planes && this.#planes[0]!.shape[0] !== k.shape[0]) {
-      fail(`RotatingKVCache.updateAndFetch: batch ${k.shape[0]} does not match the cache's ${this.#planes[0]!.shape[0]}`);
+    if (this._planes && this._planes[0]!.shape[0] !== k.shape[0]) {
+      fail(`RotatingKVCache.updateAndFetch: batch ${k.shape[0]} does not match the cache's ${this._planes[0]!.shape[0]}`);
     }
     const enc = this.codec.encode(k, v);
     const n = k.shape[2]!;
@@ -121,7 +121,7 @@ export class RotatingKVCache implements Cache {
   }
 
   #fetch(): MlxArray[] {
-    const planes = this.#planes!;
+    const planes = this._planes!;
     if (this.#offset < this.#cap()) return planes.map((p) => tokens(p, 0, this.#offset));
     return planes.map((p) => p.retain());
   }
@@ -147,7 +147,7 @@ export class RotatingKVCache implements Cache {
   }
 
   state(): CacheState {
-    const tensors = this.#planes && this.#offset ? this.#fetch() : [];
+    const tensors = this._planes && this.#offset ? this.#fetch() : [];
     return makeState(this.signature(), tensors, { offset: this.#offset, idx: this.#idx, keep: this.keep, maxSize: this.maxSize });
   }
 
@@ -169,8 +169,8 @@ export class RotatingKVCache implements Cache {
         fail(`RotatingKVCache.restoreState: tensor ${t.describe()} does not fit offset ${offset}`);
       }
     }
-    disposeAll(this.#planes);
-    this.#planes = state.tensors.length ? [...state.tensors] : null;
+    disposeAll(this._planes);
+    this._planes = state.tensors.length ? [...state.tensors] : null;
     this.#offset = offset;
     this.#idx = idx;
   }
@@ -192,24 +192,4 @@ export class RotatingKVCache implements Cache {
     return `rotating:${this.maxSize}:${this.keep}:${this.codec.name}`;
   }
 
-  bytesPerToken(): number {
-    return this.#planes ? planeBytesPerToken(this.#planes) : 0;
-  }
-
-  get nbytes(): number {
-    return this.#planes ? this.#planes.reduce((a, p) => a + p.nbytes, 0) : 0;
-  }
-
-  get planes(): readonly MlxArray[] | null {
-    return this.#planes;
-  }
-
-  dispose(): void {
-    disposeAll(this.#planes);
-    this.#planes = null;
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
-  }
 }

@@ -1,0 +1,12 @@
+import { Engine } from "@mlx-bun/runtime";
+const dir = process.argv[2]!;
+const t0 = performance.now();
+using engine = Engine.load(dir, { kv: "bf16" });
+console.log("load ms", performance.now() - t0);
+const { tokenizer, template } = engine.loaded;
+const promptIds = template!.apply(tokenizer, [{ role: "user", content: "Hello world! What is the capital of France?" }], { addGenerationPrompt: true });
+console.log("prompt", promptIds.length);
+const s = engine.generate({ promptIds, maxTokens: Number(process.argv[3] ?? 8) });
+const r = await s.result;
+console.log(JSON.stringify(r.tokens), r.ttft, r.decodeSeconds);
+console.log("IDS", JSON.stringify(promptIds));
