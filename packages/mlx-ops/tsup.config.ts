@@ -1,11 +1,3 @@
-import { defineConfig } from "tsup";
+import { packageBuildConfig } from "../../tools/tsup.shared.ts";
 
-export default defineConfig({
-  entry: ["src/index.ts"],
-  format: ["esm"],
-  dts: true,
-  sourcemap: true,
-  clean: true,
-  target: "es2022",
-  external: ["bun:ffi", "bun", "@mlx-bun/mlx-ffi"],
-});
+export default packageBuildConfig(["@mlx-bun/mlx-ffi"]);

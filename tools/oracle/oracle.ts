@@ -86,14 +86,19 @@ export function cacheOracle(
   steps: CacheStep[],
   scale = 1,
 ): CacheOracleResult {
+  return runCacheScript("cache_oracle.py", { kind, args, steps, scale }, inputs);
+}
+
+/** Run a cache oracle script on a JSON script and input arrays; read back its arrays and metadata. */
+function runCacheScript(script: string, json: unknown, inputs: Record<string, MlxArray>): CacheOracleResult {
   const dir = mkdtempSync(join(tmpdir(), "mlxb-cache-oracle-"));
   try {
     const scriptPath = join(dir, "script.json");
     const inPath = join(dir, "in.safetensors");
     const outPath = join(dir, "out.safetensors");
-    writeFileSync(scriptPath, JSON.stringify({ kind, args, steps, scale }));
+    writeFileSync(scriptPath, JSON.stringify(json));
     saveSafetensors(inPath, inputs);
-    runPython([join(ROOT, "tools", "oracle", "cache_oracle.py"), scriptPath, inPath, outPath]);
+    runPython([join(ROOT, "tools", "oracle", script), scriptPath, inPath, outPath]);
     const loaded = loadSafetensors(outPath);
     for (const a of loaded.tensors.values()) a.eval();
     return {
@@ -136,22 +141,5 @@ export interface BatchScenario {
 
 /** Replay batched scenarios on mlx-lm's BatchKVCache / BatchRotatingKVCache in one Python process; ids are "<scenario>/<step>.<what>". */
 export function batchCacheOracle(scenarios: Record<string, BatchScenario>, inputs: Record<string, MlxArray>, scale = 1): CacheOracleResult {
-  const dir = mkdtempSync(join(tmpdir(), "mlxb-batch-oracle-"));
-  try {
-    const scriptPath = join(dir, "script.json");
-    const inPath = join(dir, "in.safetensors");
-    const outPath = join(dir, "out.safetensors");
-    writeFileSync(scriptPath, JSON.stringify({ scenarios, scale }));
-    saveSafetensors(inPath, inputs);
-    runPython([join(ROOT, "tools", "oracle", "batch_cache_oracle.py"), scriptPath, inPath, outPath]);
-    const loaded = loadSafetensors(outPath);
-    for (const a of loaded.tensors.values()) a.eval();
-    return {
-      get: (id) => loaded.tensors.get(id),
-      meta: (id) => loaded.metadata[id],
-      [Symbol.dispose]: () => loaded[Symbol.dispose](),
-    };
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+  return runCacheScript("batch_cache_oracle.py", { scenarios, scale }, inputs);
 }

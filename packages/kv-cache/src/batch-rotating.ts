@@ -8,7 +8,7 @@ import { createCausalMask } from "./mask.ts";
 import { catTokens, disposeAll, PlaneLayout, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
 import { RotatingKVCache } from "./rotating.ts";
 import { catRows, checkInts, compactRow, int32Vector, leftPaddedRow, rollRows, rowOf, takeRows } from "./rows.ts";
-import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
+import { type Cache, type CacheState, type KvView, type Mask, fail, checkTrim } from "./types.ts";
 
 /**
  * Rows of one batch in one ring of `maxSize` slots (mlx-lm's
@@ -296,9 +296,7 @@ export class BatchRotatingKVCache extends PlaneLayout implements Cache {
   }
 
   trim(n: number): number {
-    if (!Number.isInteger(n) || n < 0) fail(`BatchRotatingKVCache.trim: n must be a non-negative integer, got ${n}`);
-    if (n > this.#offset) fail(`BatchRotatingKVCache.trim: cannot trim ${n} tokens from a batch holding ${this.#offset}`);
-    if (!this.isTrimmable() && n > 0) fail(`BatchRotatingKVCache.trim: the window has wrapped (offset ${this.#offset} >= ${this.maxSize}); older tokens are gone`);
+    checkTrim("BatchRotatingKVCache.trim", n, this.#offset, !this.isTrimmable());
     this.#offset -= n;
     this.#idx -= n;
     this.#offs = this.#offs.map((o) => o - n);

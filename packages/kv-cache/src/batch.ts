@@ -16,7 +16,7 @@ import {
   takeRows,
   zeroRows,
 } from "./rows.ts";
-import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
+import { type Cache, type CacheState, type KvView, type Mask, fail, checkTrim } from "./types.ts";
 
 /** Padding of the next prefill (mlx-lm's `prepare(left_padding=, lengths=, right_padding=)`), one entry per row. */
 export interface PrepareOptions {
@@ -237,8 +237,7 @@ export class BatchKVCache extends PlaneLayout implements Cache {
 
   /** Drop the last n tokens of every row. */
   trim(n: number): number {
-    if (!Number.isInteger(n) || n < 0) fail(`BatchKVCache.trim: n must be a non-negative integer, got ${n}`);
-    if (n > this.#idx) fail(`BatchKVCache.trim: cannot trim ${n} tokens from a batch holding ${this.#idx}`);
+    checkTrim("BatchKVCache.trim", n, this.#idx);
     this.#idx -= n;
     return n;
   }

@@ -3,7 +3,7 @@ import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { type KvCodec, plainCodec } from "./codec.ts";
 import { linearMask } from "./mask.ts";
 import { appendGrowing, disposeAll, PlaneLayout, tokens } from "./planes.ts";
-import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
+import { type Cache, type CacheState, type KvView, type Mask, fail, checkTrim } from "./types.ts";
 
 /** A snapshot that owns its tensors. */
 export function makeState(signature: string, tensors: MlxArray[], meta: Record<string, number>): CacheState {
@@ -88,8 +88,7 @@ export class KVCache extends PlaneLayout implements Cache {
   }
 
   trim(n: number): number {
-    if (!Number.isInteger(n) || n < 0) fail(`KVCache.trim: n must be a non-negative integer, got ${n}`);
-    if (n > this.#offset) fail(`KVCache.trim: cannot trim ${n} tokens from a cache holding ${this.#offset}`);
+    checkTrim("KVCache.trim", n, this.#offset);
     this.#offset -= n;
     return n;
   }

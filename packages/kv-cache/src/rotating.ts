@@ -5,7 +5,7 @@ import { type KvCodec, plainCodec } from "./codec.ts";
 import { makeState } from "./growable.ts";
 import { createCausalMask } from "./mask.ts";
 import { catTokens, disposeAll, PlaneLayout, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
-import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
+import { type Cache, type CacheState, type KvView, type Mask, fail, checkTrim } from "./types.ts";
 
 /**
  * Single tokens are written in place into a ring of `maxSize` slots (the first
@@ -180,9 +180,7 @@ export class RotatingKVCache extends PlaneLayout implements Cache {
   }
 
   trim(n: number): number {
-    if (!Number.isInteger(n) || n < 0) fail(`RotatingKVCache.trim: n must be a non-negative integer, got ${n}`);
-    if (n > this.#offset) fail(`RotatingKVCache.trim: cannot trim ${n} tokens from a cache holding ${this.#offset}`);
-    if (!this.isTrimmable() && n > 0) fail(`RotatingKVCache.trim: the window has wrapped (offset ${this.#offset} >= ${this.maxSize}); older tokens are gone`);
+    checkTrim("RotatingKVCache.trim", n, this.#offset, !this.isTrimmable());
     this.#offset -= n;
     this.#idx -= n;
     return n;

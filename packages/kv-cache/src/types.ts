@@ -70,3 +70,10 @@ export interface Cache extends Disposable {
 export function fail(msg: string): never {
   throw new KvCacheError(msg);
 }
+
+/** The checks every cache's trim makes: a count in [0, held], and no trim past a wrapped window. */
+export function checkTrim(op: string, n: number, held: number, wrapped = false): void {
+  if (!Number.isInteger(n) || n < 0) fail(`${op}: n must be a non-negative integer, got ${n}`);
+  if (n > held) fail(`${op}: cannot trim ${n} tokens from a ${op.startsWith("Batch") ? "batch" : "cache"} holding ${held}`);
+  if (wrapped && n > 0) fail(`${op}: the window has wrapped (offset ${held}); older tokens are gone`);
+}
