@@ -71,4 +71,13 @@ if [ "$(cat "$tiny/.mlxb-stamp" 2>/dev/null || true)" != "$tiny_stamp" ]; then
   echo "$tiny_stamp" > "$tiny.tmp/.mlxb-stamp"
   rm -rf "$tiny" && mv "$tiny.tmp" "$tiny"
 fi
+# 6. The web chat of mlx-bun serve (apps/mlx-bun/web → web/dist, git-ignored; Bun.build, no
+#    network), rebuilt when its sources or the lockfile change.
+web="apps/mlx-bun/web"
+web_stamp="$( { find "$web" -path "$web/dist" -prune -o -type f -print | LC_ALL=C sort | xargs cat; cat bun.lock; } | sha256sum | cut -c1-16)"
+if [ "$(cat "$native/web-chat.stamp" 2>/dev/null || true)" != "$web_stamp" ] || [ ! -f "$web/dist/index.html" ]; then
+  step "building the web chat into $web/dist"
+  bun "$web/build.ts" >/dev/null
+  echo "$web_stamp" > "$native/web-chat.stamp"
+fi
 step "ready (bun $(bun --version), mlx $MLX_V, backend $backend)"

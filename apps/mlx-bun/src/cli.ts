@@ -63,6 +63,7 @@ addSamplingOptions(addModelOptions(program.command("serve").description("OpenAI-
   .option("--chat-template-args <json>", "apply_chat_template arguments for every request, a JSON object", jsonObjectArg("--chat-template-args"))
   .option("--any-model", "accept any 'model' name in requests (default: 404 for a name other than the served one)")
   .option("--no-log", "no request log on stderr")
+  .option("--no-web", "no web chat page at / (the API only)")
   .action((o) => exitWith(import("./commands/serve.ts").then((m) => m.runServe(o))));
 
 program

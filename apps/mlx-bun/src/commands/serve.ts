@@ -15,6 +15,8 @@ export interface ServeOptions extends ModelOptions, SamplingOptions {
   chatTemplateArgs?: Record<string, unknown>;
   anyModel?: boolean;
   log: boolean;
+  /** false (--no-web): no chat page at "/". */
+  web?: boolean;
 }
 
 export async function runServe(o: ServeOptions): Promise<number> {
@@ -38,10 +40,13 @@ export async function runServe(o: ServeOptions): Promise<number> {
     defaults: { maxTokens: o.maxTokens, temperature: o.temp, topP: o.topP, topK: o.topK, minP: o.minP },
     ...(o.chatTemplateArgs ? { chatTemplateArgs: o.chatTemplateArgs } : {}),
     allowedOrigins: o.allowedOrigins,
+    kvMode: engine.kvModeName,
+    ...(o.web === false ? { webDir: null } : {}),
     ...(o.log ? { log: (l: string) => process.stderr.write(`${new Date().toISOString()} ${l}\n`) } : {}),
   });
   // One line tests and scripts can wait for (with the real port when --port 0).
-  process.stderr.write(`mlx-bun serve: ${model.id} (kv ${engine.kvModeName}) listening on ${srv.url}${apiKey ? " (API key required)" : ""}\n`);
+  process.stderr.write(`mlx-bun serve: ${model.id} (kv ${engine.kvModeName}) listening on ${srv.url}${srv.webChat === "on" ? ` (web chat at ${srv.url}/)` : ""}${apiKey ? " (API key required)" : ""}\n`);
+  if (srv.webChat === "not built") process.stderr.write("mlx-bun serve: the web chat is not built: run bash tools/setup.sh (the API works without it)\n");
   await new Promise<void>((resolve) => {
     const stop = () => resolve();
     process.once("SIGINT", stop);

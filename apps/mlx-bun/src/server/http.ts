@@ -1,5 +1,6 @@
 // The HTTP layer: an OpenAI-compatible server on Bun.serve, a drop-in for mlx_lm.server
-// (/v1/chat/completions, /v1/completions, /v1/models, /health), over the runtime's scheduler.
+// (/v1/chat/completions, /v1/completions, /v1/models, /health), over the runtime's scheduler,
+// and the web chat at "/" (web.ts).
 import { randomUUID, timingSafeEqual } from "node:crypto";
 import { memory, mlxVersion } from "@mlx-bun/mlx-ffi";
 import type { ChatTemplate, Gemma4Tokenizer } from "@mlx-bun/models";
@@ -17,6 +18,7 @@ import {
   toGenerateRequest,
   type ValidationContext,
 } from "./validate.ts";
+import { DEFAULT_WEB_DIR, WebChat } from "./web.ts";
 
 /** What the server needs of the loaded model (an Engine's `loaded`). */
 export interface ServedModel {
@@ -55,6 +57,10 @@ export interface ServerOptions {
   allowedOrigins?: string[];
   /** One line per request (default: none). */
   log?: (line: string) => void;
+  /** The built web chat served at "/" (default: apps/mlx-bun/web/dist, built by tools/setup.sh); null: none. */
+  webDir?: string | null;
+  /** The KV cache mode /health reports (the engine's kvModeName, e.g. "bf16"). */
+  kvMode?: string;
 }
 
 export interface RunningServer {
@@ -62,6 +68,8 @@ export interface RunningServer {
   /** e.g. http://127.0.0.1:8080 */
   url: string;
   port: number;
+  /** The web chat at "/": served, asked for but not built (a 503 page says how), or off (webDir null). */
+  webChat: "on" | "not built" | "off";
   stop(): Promise<void>;
 }
 
@@ -85,6 +93,7 @@ export function startServer(opts: ServerOptions): RunningServer {
     server,
     url: `http://${host}:${server.port}`,
     port: server.port!,
+    webChat: app.web.assets.size ? "on" : app.web.missing ? "not built" : "off",
     stop: async () => {
       await server.stop(true);
     },
@@ -99,6 +108,7 @@ class App {
   readonly contextLength: number;
   readonly origins: string[];
   readonly apiKey: Buffer | null;
+  readonly web: WebChat;
 
   constructor(readonly opts: ServerOptions) {
     let mlx = "unknown";
@@ -117,6 +127,7 @@ class App {
     this.contextLength = opts.model.config.text.maxPositionEmbeddings;
     this.origins = opts.allowedOrigins ?? ["*"];
     this.apiKey = opts.apiKey ? Buffer.from(opts.apiKey) : null;
+    this.web = new WebChat(opts.webDir === undefined ? DEFAULT_WEB_DIR : opts.webDir);
   }
 
   cors(req: Request | null): Record<string, string> {
@@ -154,6 +165,8 @@ class App {
 
   async route(req: Request, path: string): Promise<Response> {
     if (req.method === "OPTIONS") return new Response(null, { status: 204, headers: this.cors(req) });
+    // The page and its files hold no secret: served without the API key (the page sends it).
+    if ((req.method === "GET" || req.method === "HEAD") && this.web.has(path)) return this.web.serve(req, path);
     const post = ["/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"];
     const get = path === "/health" || path === "/v1/models" || path.startsWith("/v1/models/");
     if (!post.includes(path) && !get) throw new ApiError(404, `Unknown endpoint ${req.method} ${path}`, null, "not_found");
@@ -211,6 +224,7 @@ class App {
     return this.json(req, 200, {
       status: "ok",
       model: this.opts.modelId,
+      kv_mode: this.opts.kvMode ?? null,
       active_requests: this.opts.scheduler.active,
       memory: { active_bytes: memory.active(), peak_bytes: memory.peak(), cache_bytes: memory.cache() },
     });

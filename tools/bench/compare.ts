@@ -1,0 +1,809 @@
+// mlx-bun vs mlx-lm, one command, one machine state: each figure is measured on both sides in
+// the same run, repetitions interleaved (A B, B A, ...), and reported as min / median / max with
+// the mlx-bun / mlx-lm ratio of the medians. The mlx-lm side is a persistent Python twin
+// (tools/bench/mlx_lm_bench.py --serve) driven over stdin/stdout; the HTTP figures start
+// `mlx-bun serve` and `mlx_lm.server` on 127.0.0.1 and send both the same requests.
+//
+//   .native/bin/bun tools/bench/compare.ts [--model DIR] [--quick] [--label CPU]
+//        [--reps N] [--decode-tokens N] [--prefill 512,4096] [--streams 1,4,16] [--stream-tokens N]
+//        [--no-http] [--md docs/benchmarks.md | --no-md] [--json FILE] [--python PY]
+//
+// Figures: decode tok/s at batch 1; prefill tok/s; TTFT over HTTP; HTTP overhead against
+// in-process generation; aggregate tok/s at 1/4/16 concurrent streams; MLX peak memory of each
+// process; KV bytes per token per --kv mode; a bandwidth roofline for decode; and, for the
+// mlx-bun side, FFI crossings and host graph-building time per decoded token.
+import { appendFileSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, writeFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { cpus, totalmem, hostname } from "node:os";
+import { evaluate, lib, memory, MlxArray, mlxVersion, defaultDevice } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import { Engine, Scheduler, Sequence } from "@mlx-bun/runtime";
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
+
+// ------------------------------------------------------------------------------------------
+// Options
+// ------------------------------------------------------------------------------------------
+const argv = process.argv.slice(2);
+const has = (f: string) => argv.includes(`--${f}`);
+const val = (f: string): string | undefined => {
+  const i = argv.indexOf(`--${f}`);
+  return i >= 0 ? argv[i + 1] : undefined;
+};
+const num = (f: string, d: number) => (val(f) !== undefined ? Number(val(f)) : d);
+const list = (f: string, d: number[]) => (val(f) !== undefined ? val(f)!.split(",").filter(Boolean).map(Number) : d);
+
+const QUICK = has("quick");
+const defaultModel = [".native/bench-models/gemma4-1b-4bit", ".native/bench-models/gemma4-mini-4bit"].map((p) => join(ROOT, p)).find((p) => existsSync(p));
+const O = {
+  model: resolve(val("model") ?? defaultModel ?? ""),
+  label: val("label") ?? `${defaultDeviceName()}`,
+  reps: num("reps", QUICK ? 3 : 5),
+  decodeTokens: num("decode-tokens", QUICK ? 32 : 128),
+  prefill: list("prefill", [512, 4096]),
+  prefillReps: num("prefill-reps", QUICK ? 1 : 3),
+  ttftReps: num("ttft-reps", QUICK ? 3 : 5),
+  ttftWords: num("ttft-words", 200),
+  streams: list("streams", [1, 4, 16]),
+  streamTokens: num("stream-tokens", QUICK ? 16 : 64),
+  streamReps: num("stream-reps", QUICK ? 1 : 2),
+  kvTokens: num("kv-tokens", 1024),
+  kvModes: (val("kv-modes") ?? "bf16,q8,q4,turbo:4,3").split(/,(?=[a-z])/),
+  bwMb: num("bandwidth-mb", 1024),
+  http: !has("no-http"),
+  md: has("no-md") ? null : resolve(val("md") ?? join(ROOT, "docs", "benchmarks.md")),
+  json: val("json"),
+  python: val("python") ?? process.env.MLX_BUN_PYTHON ?? join(ROOT, ".native", "venv", "bin", "python"),
+  section: val("section") ?? "Decode, prefill, HTTP and batching: mlx-bun vs mlx-lm (issue 7)",
+};
+if (!O.model || !existsSync(join(O.model, "config.json"))) {
+  console.error(`compare: no model at ${O.model || "(none)"}; make one with bash tools/bench/make-bench-model.sh`);
+  process.exit(2);
+}
+const CLI = join(ROOT, "apps", "mlx-bun", "src", "cli.ts");
+const HTTP = O.http && existsSync(CLI);
+
+function defaultDeviceName(): string {
+  try {
+    return defaultDevice() === "gpu" ? "GPU" : "CPU";
+  } catch {
+    return "CPU";
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Progress display (one status line on a terminal; a line per phase otherwise)
+// ------------------------------------------------------------------------------------------
+const T0 = performance.now();
+const TTY = process.stderr.isTTY;
+let phase = "";
+const clock = () => {
+  const s = Math.round((performance.now() - T0) / 1000);
+  return `${String(Math.floor(s / 60)).padStart(2, "0")}:${String(s % 60).padStart(2, "0")}`;
+};
+function progress(p: string, detail = ""): void {
+  if (TTY) process.stderr.write(`\r\x1b[2K[compare ${clock()}] ${p}${detail ? ` · ${detail}` : ""}`);
+  else if (p !== phase) process.stderr.write(`[compare ${clock()}] ${p}\n`);
+  phase = p;
+}
+function note(s: string): void {
+  if (TTY) process.stderr.write("\r\x1b[2K");
+  process.stderr.write(`[compare ${clock()}] ${s}\n`);
+}
+
+// ------------------------------------------------------------------------------------------
+// Stats
+// ------------------------------------------------------------------------------------------
+type Stat = { min: number; median: number; max: number; n: number };
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+};
+const stat = (xs: number[]): Stat => ({ min: Math.min(...xs), median: median(xs), max: Math.max(...xs), n: xs.length });
+
+interface Row {
+  figure: string;
+  unit: string;
+  higherIsBetter: boolean;
+  ours: Stat | null;
+  theirs: Stat | null;
+  note?: string;
+}
+const rows: Row[] = [];
+const extra: Record<string, unknown> = {};
+function addRow(figure: string, unit: string, higherIsBetter: boolean, ours: number[] | null, theirs: number[] | null, noteText?: string): Row {
+  const r: Row = { figure, unit, higherIsBetter, ours: ours?.length ? stat(ours) : null, theirs: theirs?.length ? stat(theirs) : null, ...(noteText ? { note: noteText } : {}) };
+  rows.push(r);
+  const f = (s: Stat | null) => (s ? `${fmt(s.median)}` : "—");
+  note(`${figure}: mlx-bun ${f(r.ours)} / mlx-lm ${f(r.theirs)} ${unit}${r.ours && r.theirs ? ` (×${(r.ours.median / r.theirs.median).toFixed(2)})` : ""}`);
+  return r;
+}
+function fmt(x: number): string {
+  if (!Number.isFinite(x)) return String(x);
+  const a = Math.abs(x);
+  if (a >= 1e9) return `${(x / 1e9).toFixed(2)}G`;
+  if (a >= 1e6) return `${(x / 1e6).toFixed(1)}M`;
+  if (a >= 1e4) return x.toFixed(0);
+  if (a >= 100) return x.toFixed(1);
+  if (a >= 1) return x.toFixed(2);
+  return x.toPrecision(3);
+}
+
+// ------------------------------------------------------------------------------------------
+// The Python twin
+// ------------------------------------------------------------------------------------------
+class Twin {
+  #p = Bun.spawn([O.python, join(ROOT, "tools", "bench", "mlx_lm_bench.py"), "--serve"], { stdin: "pipe", stdout: "pipe", stderr: "inherit" });
+  #reader = this.#p.stdout.getReader();
+  #buf = "";
+  #dec = new TextDecoder();
+  async line(): Promise<string> {
+    for (;;) {
+      const nl = this.#buf.indexOf("\n");
+      if (nl >= 0) {
+        const l = this.#buf.slice(0, nl);
+        this.#buf = this.#buf.slice(nl + 1);
+        return l;
+      }
+      const { value, done } = await this.#reader.read();
+      if (done) throw new Error("mlx_lm_bench.py exited");
+      this.#buf += this.#dec.decode(value);
+    }
+  }
+  async call<T = Record<string, unknown>>(cmd: string, args: Record<string, unknown> = {}): Promise<T> {
+    this.#p.stdin.write(`${JSON.stringify({ cmd, ...args })}\n`);
+    this.#p.stdin.flush();
+    const r = JSON.parse(await this.line());
+    if (!r.ok) throw new Error(`mlx_lm_bench ${cmd}: ${r.error}\n${r.trace ?? ""}`);
+    return r as T;
+  }
+  async close(): Promise<void> {
+    this.#p.stdin.write(`{"cmd":"quit"}\n`);
+    this.#p.stdin.end();
+    await this.#p.exited;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Prompts (the same ids on both sides)
+// ------------------------------------------------------------------------------------------
+const FIRST_TEXT_ID = 280; // after Gemma's specials and the byte-fallback tokens (make_bench_model.py)
+function syntheticPrompt(n: number, seed: number): number[] {
+  const ids = [2];
+  let x = seed * 2654435761 + 12345;
+  for (let i = 1; i < n; i++) {
+    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+    ids.push(FIRST_TEXT_ID + (x % (512 - FIRST_TEXT_ID)));
+  }
+  return ids;
+}
+const WORDS = "the quick brown fox jumps over the lazy dog while the model thinks before it answers and calls a tool to get the weather in london".split(" ");
+function words(n: number, seed: number): string {
+  const out: string[] = [];
+  for (let i = 0; i < n; i++) out.push(WORDS[(i * 7 + seed * 13) % WORDS.length]!);
+  return out.join(" ");
+}
+
+// ------------------------------------------------------------------------------------------
+// mlx-bun in-process measurements
+// ------------------------------------------------------------------------------------------
+async function oursDecode(engine: Engine, prompt: number[], n: number): Promise<{ ttft: number; decode: number; tokens: number[] }> {
+  const t0 = performance.now();
+  const s = engine.generate({ promptIds: prompt, maxTokens: n });
+  let tFirst = 0;
+  const toks: number[] = [];
+  for await (const ev of s) {
+    if (!tFirst) tFirst = performance.now();
+    toks.push(ev.token);
+  }
+  const tEnd = performance.now();
+  await s.result;
+  return { ttft: (tFirst - t0) / 1000, decode: (tEnd - tFirst) / 1000, tokens: toks };
+}
+
+async function oursPrefill(engine: Engine, prompt: number[]): Promise<number> {
+  const t0 = performance.now();
+  const s = engine.generate({ promptIds: prompt, maxTokens: 1 });
+  for await (const _ of s) break;
+  const t = (performance.now() - t0) / 1000;
+  await s.result;
+  return t;
+}
+
+/** Unpipelined decode: host time to build one step's graph, and the time to evaluate it. */
+function oursSteps(engine: Engine, prompt: number[], n: number): { build: number; eval: number } {
+  const caches = engine.makeCaches();
+  const seq = new Sequence({ promptIds: prompt, maxTokens: n + 1 }, engine.loaded.tokenizer);
+  let build = 0;
+  let ev = 0;
+  try {
+    let tok: MlxArray;
+    {
+      using x = MlxArray.fromNumbers(prompt, [1, prompt.length], "int32");
+      using logits = engine.forward(x, caches);
+      using row = mx.index(logits, ":", -1, ":");
+      const p = seq.pick(row);
+      p.logprobs.dispose();
+      tok = p.token;
+      evaluate(tok);
+    }
+    for (let i = 0; i < n; i++) {
+      const t0 = performance.now();
+      using t32 = mx.astype(tok, "int32");
+      using x = mx.reshape(t32, [1, 1]);
+      using logits = engine.forward(x, caches);
+      using row = mx.index(logits, ":", -1, ":");
+      const p = seq.pick(row);
+      const t1 = performance.now();
+      evaluate(p.token, p.logprobs);
+      const t2 = performance.now();
+      build += t1 - t0;
+      ev += t2 - t1;
+      tok.dispose();
+      p.logprobs.dispose();
+      tok = p.token;
+    }
+    tok.dispose();
+  } finally {
+    for (const c of caches) c.dispose();
+    seq.dispose();
+  }
+  return { build: build / n / 1000, eval: ev / n / 1000 };
+}
+
+/** FFI crossings per decoded token: every native call through the core table, plus every op result. */
+async function countCrossings(engine: Engine, prompt: number[], n: number): Promise<Record<string, number>> {
+  const core = lib() as unknown as Record<string, (...a: unknown[]) => unknown>;
+  const counts = new Map<string, number>();
+  const saved = new Map<string, (...a: unknown[]) => unknown>();
+  for (const k of Object.keys(core)) {
+    const f = core[k];
+    if (typeof f !== "function") continue;
+    saved.set(k, f);
+    core[k] = (...a: unknown[]) => {
+      counts.set(k, (counts.get(k) ?? 0) + 1);
+      return f(...a);
+    };
+  }
+  const M = MlxArray as unknown as { fromHandle: (...a: unknown[]) => MlxArray };
+  const fromHandle = M.fromHandle;
+  let made = 0;
+  M.fromHandle = (...a: unknown[]) => {
+    made++;
+    return fromHandle.apply(MlxArray, a);
+  };
+  const snapshot = () => ({ made, core: new Map(counts) });
+  let a: ReturnType<typeof snapshot>;
+  let b: ReturnType<typeof snapshot>;
+  try {
+    // Count two runs that differ only in decoded tokens: the difference is per-token cost.
+    a = snapshot();
+    await oursDecode(engine, prompt, 2);
+    const m1 = snapshot();
+    await oursDecode(engine, prompt, 2 + n);
+    b = snapshot();
+    const d = (k: string) => (b.core.get(k) ?? 0) - (m1.core.get(k) ?? 0) - ((m1.core.get(k) ?? 0) - (a.core.get(k) ?? 0));
+    const coreKeys = new Set([...b.core.keys()]);
+    const perCore: Record<string, number> = {};
+    let coreTotal = 0;
+    for (const k of coreKeys) {
+      const v = d(k) / n;
+      if (Math.abs(v) >= 0.01) perCore[k] = Math.round(v * 100) / 100;
+      coreTotal += v;
+    }
+    const ops = (b.made - m1.made - (m1.made - a.made)) / n;
+    // Arrays made through the core table (fromBytes, scalars) are counted in both; ops made by
+    // other tables (mlx-ops, kv-cache, models) only in `made`.
+    const coreMade = (perCore.mlxb_array_from_bytes ?? 0) + (perCore.mlxb_array_scalar ?? 0) + (perCore.mlxb_array_scalar_int ?? 0) + (perCore.mlxb_array_retain ?? 0);
+    return { arrays_made_per_token: ops, core_calls_per_token: coreTotal, crossings_per_token: coreTotal + ops - coreMade, ...perCore };
+  } finally {
+    for (const [k, f] of saved) core[k] = f;
+    M.fromHandle = fromHandle;
+  }
+}
+
+function oursBandwidth(mb: number, reps: number): number[] {
+  using x = mx.random.uniform(0, 1, [(mb * 1024 * 1024) / 4]);
+  evaluate(x);
+  {
+    using y = mx.add(x, 1);
+    evaluate(y);
+  }
+  const out: number[] = [];
+  for (let i = 0; i < reps; i++) {
+    const t = performance.now();
+    using y = mx.add(x, 1);
+    evaluate(y);
+    out.push((2 * mb * 1024 * 1024) / ((performance.now() - t) / 1000) / 1e9);
+  }
+  memory.clearCache();
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------
+// Checkpoint arithmetic: bytes read per decoded token
+// ------------------------------------------------------------------------------------------
+function tensorBytes(dir: string): Map<string, number> {
+  const out = new Map<string, number>();
+  const files = [...new Set(existsSync(join(dir, "model.safetensors.index.json"))
+    ? Object.values(JSON.parse(readFileSync(join(dir, "model.safetensors.index.json"), "utf8")).weight_map as Record<string, string>)
+    : ["model.safetensors"])];
+  for (const f of files) {
+    const fd = openSync(join(dir, f), "r");
+    const head = Buffer.alloc(8);
+    readSync(fd, head, 0, 8, 0);
+    const n = Number(head.readBigUInt64LE(0));
+    const js = Buffer.alloc(n);
+    readSync(fd, js, 0, n, 8);
+    closeSync(fd);
+    for (const [k, v] of Object.entries(JSON.parse(js.toString("utf8")) as Record<string, { data_offsets?: [number, number] }>)) {
+      if (v.data_offsets) out.set(k, v.data_offsets[1] - v.data_offsets[0]);
+    }
+  }
+  return out;
+}
+
+function bytesPerDecodedToken(engine: Engine, context: number): { weights: number; kv: number; table: number; total: number; params_bytes: number } {
+  const tb = tensorBytes(engine.loaded.dir);
+  let weights = 0;
+  let table = 0;
+  let all = 0;
+  const rowsOf = engine.loaded.config.text.vocabSize;
+  for (const [k, b] of tb) {
+    all += b;
+    if (k.includes("embed_tokens_per_layer.")) {
+      table += b;
+      weights += b / (engine.loaded.config.text.vocabSizePerLayerInput ?? rowsOf); // one row is looked up
+    } else if (k.includes("vision") || k.includes("audio")) {
+      // not used by text decoding
+    } else weights += b; // the tied embedding is read whole by the lm_head
+  }
+  // KV read: every layer attends over its (or its donor's) cache; bf16 K and V.
+  let kv = 0;
+  for (const s of engine.loaded.model.specs) {
+    const tokens = s.window !== null ? Math.min(context, s.window) : context;
+    kv += 2 * s.numKvHeads * s.headDim * 2 * tokens;
+  }
+  return { weights, kv, table, total: weights + kv, params_bytes: all };
+}
+
+// ------------------------------------------------------------------------------------------
+// HTTP
+// ------------------------------------------------------------------------------------------
+interface Srv {
+  name: string;
+  url: string;
+  proc: ReturnType<typeof Bun.spawn>;
+}
+async function freePort(): Promise<number> {
+  const s = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const p = s.port;
+  s.stop(true);
+  return p;
+}
+async function waitHealthy(url: string, proc: ReturnType<typeof Bun.spawn>, seconds: number): Promise<void> {
+  const until = performance.now() + seconds * 1000;
+  while (performance.now() < until) {
+    if (proc.exitCode !== null) throw new Error(`server at ${url} exited with ${proc.exitCode}`);
+    try {
+      const r = await fetch(`${url}/health`);
+      if (r.ok) return;
+    } catch {}
+    await Bun.sleep(200);
+  }
+  throw new Error(`server at ${url} did not answer /health within ${seconds}s`);
+}
+async function startServers(): Promise<Srv[]> {
+  const [p1, p2] = [await freePort(), await freePort()];
+  const ours = Bun.spawn([process.execPath, CLI, "serve", "--model", O.model, "--host", "127.0.0.1", "--port", String(p1), "--no-log", "--max-batch", "16"], {
+    stdout: "ignore",
+    stderr: "pipe",
+    env: { ...process.env },
+  });
+  const theirs = Bun.spawn([O.python, "-m", "mlx_lm.server", "--model", O.model, "--host", "127.0.0.1", "--port", String(p2), "--log-level", "WARNING"], {
+    stdout: "ignore",
+    stderr: "pipe",
+    env: { ...process.env, PYTHONUNBUFFERED: "1" },
+  });
+  const srv: Srv[] = [
+    { name: "mlx-bun serve", url: `http://127.0.0.1:${p1}`, proc: ours },
+    { name: "mlx_lm.server", url: `http://127.0.0.1:${p2}`, proc: theirs },
+  ];
+  for (const s of srv) drain(s);
+  for (const s of srv) await waitHealthy(s.url, s.proc, 600);
+  return srv;
+}
+const serverLogs = new Map<string, string>();
+async function drain(s: Srv): Promise<void> {
+  const r = (s.proc.stderr as ReadableStream<Uint8Array>).getReader();
+  const d = new TextDecoder();
+  let log = "";
+  for (;;) {
+    const { value, done } = await r.read();
+    if (done) break;
+    log = (log + d.decode(value)).slice(-4000);
+    serverLogs.set(s.name, log);
+  }
+}
+
+interface ChatResult {
+  ttft: number; // first non-empty content delta
+  total: number;
+  tFirst: number;
+  tLast: number;
+  tStart: number;
+  completionTokens: number;
+  promptTokens: number;
+  chunks: number;
+}
+async function chat(url: string, content: string, maxTokens: number): Promise<ChatResult> {
+  const tStart = performance.now();
+  const r = await fetch(`${url}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model: "default_model",
+      messages: [{ role: "user", content }],
+      max_tokens: maxTokens,
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true },
+    }),
+  });
+  if (!r.ok || !r.body) throw new Error(`${url}: HTTP ${r.status} ${await r.text()}`);
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "";
+  let tFirst = 0;
+  let tLast = 0;
+  let chunks = 0;
+  let usage: { prompt_tokens?: number; completion_tokens?: number } | undefined;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    let i: number;
+    while ((i = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, i).trim();
+      buf = buf.slice(i + 1);
+      if (!line.startsWith("data:")) continue;
+      const data = line.slice(5).trim();
+      if (data === "[DONE]") continue;
+      const j = JSON.parse(data);
+      if (j.usage) usage = j.usage;
+      const c = j.choices?.[0]?.delta?.content ?? j.choices?.[0]?.delta?.reasoning;
+      if (typeof c === "string" && c.length) {
+        const now = performance.now();
+        if (!tFirst) tFirst = now;
+        tLast = now;
+        chunks++;
+      }
+    }
+  }
+  const tEnd = performance.now();
+  return {
+    ttft: (tFirst - tStart) / 1000,
+    total: (tEnd - tStart) / 1000,
+    tFirst,
+    tLast,
+    tStart,
+    completionTokens: usage?.completion_tokens ?? chunks,
+    promptTokens: usage?.prompt_tokens ?? -1,
+    chunks,
+  };
+}
+
+// ------------------------------------------------------------------------------------------
+// Main
+// ------------------------------------------------------------------------------------------
+const startedAt = new Date();
+note(`model ${O.model}; ${QUICK ? "quick" : "full"} run; HTTP ${HTTP ? "on" : O.http ? "off (apps/mlx-bun/src/cli.ts not found)" : "off"}`);
+progress("loading both sides");
+const twin = new Twin();
+const ready = JSON.parse(await twin.line());
+const tl = performance.now();
+const engine = Engine.load(O.model, { kv: "bf16" });
+const oursLoad = (performance.now() - tl) / 1000;
+{
+  // Materialize weights that load lazily, so "active" memory counts them.
+  await oursDecode(engine, [2, 5, 300, 301], 2);
+}
+const oursWeights = memory.active();
+const theirsLoad = await twin.call<{ load_s: number; active_bytes: number; device: string }>("load", { model: O.model });
+extra.load = { ours_s: oursLoad, theirs_s: theirsLoad.load_s, ours_active_bytes: oursWeights, theirs_active_bytes: theirsLoad.active_bytes };
+extra.device = { ours: defaultDeviceName(), theirs: theirsLoad.device, mlx_ours: mlxVersion(), mlx_theirs: ready.mlx };
+note(`loaded: mlx-bun ${oursLoad.toFixed(1)}s (${fmt(oursWeights)}B active), mlx-lm ${theirsLoad.load_s.toFixed(1)}s (${fmt(theirsLoad.active_bytes)}B); device ${defaultDeviceName()} / ${theirsLoad.device}`);
+
+const { tokenizer, template } = engine.loaded;
+const chatText = "Hello world! What is the capital of France? Write a short poem about the sea and the sky.";
+const chatPrompt = template!.apply(tokenizer, [{ role: "user", content: chatText }], { addGenerationPrompt: true });
+
+// Warm-up: compile/JIT, allocator, both sides.
+progress("warm-up");
+await oursDecode(engine, chatPrompt, 8);
+await twin.call("decode", { prompt: chatPrompt, n: 8 });
+memory.resetPeak();
+await twin.call("peak", { reset: true });
+
+/** Interleave: rep r runs A then B when r is even, B then A when odd. */
+async function interleave(label: string, reps: number, a: () => Promise<number>, b: () => Promise<number>): Promise<[number[], number[]]> {
+  const xa: number[] = [];
+  const xb: number[] = [];
+  for (let r = 0; r < reps; r++) {
+    progress(label, `rep ${r + 1}/${reps}`);
+    if (r % 2 === 0) {
+      xa.push(await a());
+      xb.push(await b());
+    } else {
+      xb.push(await b());
+      xa.push(await a());
+    }
+  }
+  return [xa, xb];
+}
+
+// 1. Memory bandwidth, measured by both processes with the same MLX op.
+{
+  const [a, b] = await interleave("bandwidth", 3, async () => median(oursBandwidth(O.bwMb, 5)), async () => median((await twin.call<{ gbps: number[] }>("bandwidth", { mb: O.bwMb, reps: 5 })).gbps));
+  addRow(`memory bandwidth (x + 1 over ${O.bwMb} MiB float32, read + write)`, "GB/s", true, a, b);
+}
+
+// 2. Decode tok/s at batch 1 (greedy, chat prompt; the first token is not counted).
+let decodeTokensChecked = false;
+{
+  const [a, b] = await interleave(
+    `decode batch 1 (${O.decodeTokens} tokens)`,
+    O.reps,
+    async () => {
+      const r = await oursDecode(engine, chatPrompt, O.decodeTokens);
+      return (r.tokens.length - 1) / r.decode;
+    },
+    async () => {
+      const r = await twin.call<{ decode_s: number; tokens: number[] }>("decode", { prompt: chatPrompt, n: O.decodeTokens });
+      return (r.tokens.length - 1) / r.decode_s;
+    },
+  );
+  const ro = await oursDecode(engine, chatPrompt, 16);
+  const rt = await twin.call<{ tokens: number[] }>("decode", { prompt: chatPrompt, n: 16 });
+  decodeTokensChecked = JSON.stringify(ro.tokens) === JSON.stringify(rt.tokens);
+  addRow("decode, batch 1", "tok/s", true, a, b, decodeTokensChecked ? "greedy tokens identical" : "greedy tokens DIFFER");
+  extra.decode_tokens = { ours: ro.tokens, theirs: rt.tokens };
+}
+
+// 3. Prefill tok/s (time to first token of an n-token prompt, chunks of 2048).
+for (const n of O.prefill) {
+  const prompt = syntheticPrompt(n, n);
+  const [a, b] = await interleave(
+    `prefill ${n}`,
+    O.prefillReps,
+    async () => n / (await oursPrefill(engine, prompt)),
+    async () => n / (await twin.call<{ seconds: number }>("prefill", { prompt })).seconds,
+  );
+  addRow(`prefill, ${n}-token prompt`, "tok/s", true, a, b);
+}
+
+// 4. Peak memory of each process so far (weights + the largest prefill's caches and activations).
+{
+  const ours = memory.peak();
+  const theirs = await twin.call<{ peak_bytes: number }>("peak", { reset: false });
+  addRow("MLX peak memory (after decode and prefill phases)", "bytes", false, [ours], [theirs.peak_bytes], `weights: ${fmt(oursWeights)}B / ${fmt(theirsLoad.active_bytes)}B active after load`);
+}
+
+// 5. Host work: graph-building vs evaluation time per decode step (unpipelined), and FFI crossings.
+{
+  const n = Math.min(O.decodeTokens, 32);
+  const [a, b] = await interleave("decode step: host graph build vs eval", Math.min(O.reps, 3), async () => {
+    const r = oursSteps(engine, chatPrompt, n);
+    (extra.steps_ours ??= [] as unknown[]) && (extra.steps_ours as unknown[]).push(r);
+    return r.build * 1000;
+  }, async () => {
+    const r = await twin.call<{ build_s: number; eval_s: number }>("steps", { prompt: chatPrompt, n });
+    (extra.steps_theirs ??= [] as unknown[]) && (extra.steps_theirs as unknown[]).push(r);
+    return r.build_s * 1000;
+  });
+  addRow("host graph-building time per decode step", "ms", false, a, b);
+  const ea = (extra.steps_ours as { eval: number }[]).map((r) => r.eval * 1000);
+  const eb = (extra.steps_theirs as { eval_s: number }[]).map((r) => r.eval_s * 1000);
+  addRow("evaluation time per decode step (unpipelined)", "ms", false, ea, eb);
+  progress("counting FFI crossings");
+  const c = await countCrossings(engine, chatPrompt, 16);
+  extra.ffi = c;
+  note(`FFI crossings per decoded token (mlx-bun): ${c.crossings_per_token?.toFixed(0)} (op results ${c.arrays_made_per_token?.toFixed(0)}, core-table calls ${c.core_calls_per_token?.toFixed(0)})`);
+}
+
+// 6. KV bytes per token for each --kv mode.
+{
+  progress("KV bytes per token");
+  const prompt = syntheticPrompt(O.kvTokens, 7);
+  const theirs = await twin.call<Record<string, { bytes?: number; tokens?: number; error?: string }>>("kv", { n: O.kvTokens, prompt });
+  const kv: Record<string, unknown> = {};
+  for (const mode of O.kvModes) {
+    const e = new Engine(engine.loaded, { kv: mode });
+    const caches = e.makeCaches();
+    try {
+      e.prefill(prompt, caches, 0);
+      const held = caches.reduce((s, c) => s + c.nbytes, 0);
+      const per = caches.reduce((s, c) => s + c.bytesPerToken(), 0);
+      const t = theirs[mode];
+      kv[mode] = { ours_bytes_per_token: per, ours_held_bytes: held, theirs_held_bytes: t?.bytes ?? null, theirs_error: t?.error ?? null };
+      addRow(
+        `KV bytes held after ${O.kvTokens} tokens, --kv ${mode}`,
+        "bytes",
+        false,
+        [held],
+        t?.bytes !== undefined ? [t.bytes] : null,
+        `${per} B/token over the ${caches.length} owning caches (codec)${t?.error ? `; mlx-lm: ${t.error.split(":")[0]} (${t.error.includes("NYI") ? "RotatingKVCache quantization not implemented" : t.error})` : t ? "" : "; mlx-lm has no such mode"}`,
+      );
+    } finally {
+      for (const c of caches) c.dispose();
+      memory.clearCache();
+    }
+  }
+  extra.kv = kv;
+}
+
+// 7. Roofline: bytes read per decoded token over the measured bandwidth, against the decode time.
+{
+  const bw = rows[0]!.ours!.median * 1e9;
+  const bwT = rows[0]!.theirs!.median * 1e9;
+  const ctx = chatPrompt.length + O.decodeTokens / 2;
+  const b = bytesPerDecodedToken(engine, ctx);
+  const dec = rows.find((r) => r.figure === "decode, batch 1")!;
+  const floor = b.total / bw;
+  extra.roofline = { ...b, context: ctx, bandwidth_bps: bw, floor_s: floor, ours_s: 1 / dec.ours!.median, theirs_s: 1 / dec.theirs!.median };
+  addRow(
+    `decode at the bandwidth roofline (${fmt(b.total)}B read per token: weights ${fmt(b.weights)}B + KV ${fmt(b.kv)}B; floor ${(floor * 1000).toFixed(2)} ms)`,
+    "% of roofline",
+    true,
+    [(100 * floor) / (1 / dec.ours!.median)],
+    [(100 * (b.total / bwT)) / (1 / dec.theirs!.median)],
+  );
+}
+
+// 8. HTTP: TTFT, overhead against in-process generation, aggregate throughput under concurrency.
+let servers: Srv[] = [];
+if (HTTP) {
+  try {
+    progress("starting mlx-bun serve and mlx_lm.server");
+    servers = await startServers();
+    const [ours, theirs] = servers as [Srv, Srv];
+    // Warm both.
+    for (const s of servers) await chat(s.url, "warm up", 4);
+    let k = 0;
+    const promptTokens: Record<string, number> = {};
+    // TTFT: a fresh prompt each time (no prompt-cache hit on either side), 4 tokens.
+    const [ta, tb] = await interleave(
+      `HTTP TTFT (${O.ttftWords}-word prompt)`,
+      O.ttftReps,
+      async () => {
+        const r = await chat(ours.url, `Request ${++k}: ${words(O.ttftWords, k)}`, 4);
+        promptTokens.ours = r.promptTokens;
+        return r.ttft * 1000;
+      },
+      async () => {
+        const r = await chat(theirs.url, `Request ${++k}: ${words(O.ttftWords, k)}`, 4);
+        promptTokens.theirs = r.promptTokens;
+        return r.ttft * 1000;
+      },
+    );
+    addRow(`TTFT over HTTP, streamed chat (${promptTokens.ours}/${promptTokens.theirs} prompt tokens)`, "ms", false, ta, tb);
+    // HTTP overhead: decode tok/s seen by a streaming client vs in-process, same prompt.
+    const inproc = rows.find((r) => r.figure === "decode, batch 1")!;
+    const [ha, hb] = await interleave(
+      `HTTP decode (${O.decodeTokens} tokens)`,
+      O.reps,
+      async () => {
+        const r = await chat(ours.url, chatText, O.decodeTokens);
+        return (r.completionTokens - 1) / ((r.tLast - r.tFirst) / 1000);
+      },
+      async () => {
+        const r = await chat(theirs.url, chatText, O.decodeTokens);
+        return (r.completionTokens - 1) / ((r.tLast - r.tFirst) / 1000);
+      },
+    );
+    addRow("decode over HTTP (streamed, client-side)", "tok/s", true, ha, hb);
+    const ovA = (100 * (inproc.ours!.median - median(ha))) / inproc.ours!.median;
+    const ovB = (100 * (inproc.theirs!.median - median(hb))) / inproc.theirs!.median;
+    addRow("HTTP overhead on decode (1 − HTTP / in-process tok/s)", "%", false, [ovA], [ovB]);
+    // Aggregate throughput at C concurrent streams.
+    for (const C of O.streams) {
+      const run = async (s: Srv) => {
+        const t0 = performance.now();
+        const rs = await Promise.all(Array.from({ length: C }, (_, i) => chat(s.url, `Stream ${i} of ${C}, run ${++k}: ${words(24, i + k)}`, O.streamTokens)));
+        const dt = (performance.now() - t0) / 1000;
+        return rs.reduce((a, r) => a + r.completionTokens, 0) / dt;
+      };
+      const [ca, cb] = await interleave(`HTTP ${C} concurrent streams × ${O.streamTokens} tokens`, O.streamReps, () => run(ours), () => run(theirs));
+      addRow(`aggregate tok/s over HTTP, ${C} concurrent stream${C > 1 ? "s" : ""}`, "tok/s", true, ca, cb);
+    }
+    // Server-side MLX peak memory (mlx_lm.server does not report it).
+    try {
+      const h = (await (await fetch(`${ours.url}/health`)).json()) as { memory?: { peak_bytes?: number } };
+      if (h.memory?.peak_bytes) extra.serve_peak_bytes = h.memory.peak_bytes;
+    } catch {}
+  } catch (e) {
+    note(`HTTP phase failed: ${(e as Error).message}`);
+    for (const [n, l] of serverLogs) note(`${n} stderr tail:\n${l}`);
+    extra.http_error = String((e as Error).message);
+  } finally {
+    for (const s of servers) s.proc.kill("SIGTERM");
+    await Promise.all(servers.map((s) => Promise.race([s.proc.exited, Bun.sleep(5000)])));
+    for (const s of servers) if (s.proc.exitCode === null) s.proc.kill("SIGKILL");
+  }
+}
+
+// 9. mlx-bun's Scheduler in process (no HTTP), for reference against the HTTP figures.
+{
+  const sched = new Scheduler(engine, { maxBatch: 16 });
+  for (const C of O.streams) {
+    const xs: number[] = [];
+    for (let r = 0; r < O.streamReps; r++) {
+      progress(`Scheduler in process, ${C} streams`, `rep ${r + 1}/${O.streamReps}`);
+      const t0 = performance.now();
+      const res = await Promise.all(
+        Array.from({ length: C }, (_, i) => sched.submit({ promptIds: template!.apply(tokenizer, [{ role: "user", content: `Stream ${i} of ${C}, run ${r}: ${words(24, i + r)}` }], { addGenerationPrompt: true }), maxTokens: O.streamTokens }).result),
+      );
+      xs.push(res.reduce((a, x) => a + x.tokens.length, 0) / ((performance.now() - t0) / 1000));
+    }
+    addRow(`aggregate tok/s in process (mlx-bun Scheduler), ${C} stream${C > 1 ? "s" : ""}`, "tok/s", true, xs, null);
+  }
+  await sched.close();
+}
+
+{
+  const ours = memory.peak();
+  const theirs = await twin.call<{ peak_bytes: number }>("peak", { reset: false });
+  addRow("MLX peak memory of the in-process run", "bytes", false, [ours], [theirs.peak_bytes], extra.serve_peak_bytes ? `mlx-bun serve peak ${fmt(extra.serve_peak_bytes as number)}B (mlx_lm.server reports none)` : undefined);
+}
+await twin.close();
+if (TTY) process.stderr.write("\n");
+
+// ------------------------------------------------------------------------------------------
+// Report
+// ------------------------------------------------------------------------------------------
+const elapsed = (performance.now() - T0) / 1000;
+const cmdline = `.native/bin/bun tools/bench/compare.ts ${argv.join(" ")}`.trim();
+const cfg = JSON.parse(readFileSync(join(O.model, "config.json"), "utf8"));
+const tc = cfg.text_config ?? cfg;
+const machine = `${cpus().length} cores (${cpus()[0]?.model ?? "?"}), ${(totalmem() / 2 ** 30).toFixed(0)} GiB, MLX ${mlxVersion()} ${defaultDeviceName()} backend`;
+const s3 = (s: Stat | null, unit: string) => (s ? (s.n > 1 ? `${fmt(s.min)} / ${fmt(s.median)} / ${fmt(s.max)}` : fmt(s.median)) + (unit === "bytes" ? " B" : "") : "—");
+const ratio = (r: Row) => (r.ours && r.theirs ? (r.ours.median / r.theirs.median).toFixed(2) : "—");
+const md: string[] = [];
+md.push(`### ${O.label}: ${cfg._name_or_path ?? O.model.split("/").at(-1)} (${startedAt.toISOString().slice(0, 10)})`, "");
+md.push(`\`${cmdline}\``, "");
+md.push(
+  `${startedAt.toISOString()}, ${machine}; host ${hostname()}; model \`${O.model.replace(`${ROOT}/`, "")}\` (hidden ${tc.hidden_size}, ${tc.num_hidden_layers} layers, ${tc.num_kv_shared_layers} KV-shared, vocab ${tc.vocab_size}, ${tc.dtype}, 4-bit); ${elapsed.toFixed(0)} s. Repetitions interleaved; min / median / max; ratio = mlx-bun median / mlx-lm median.`,
+  "",
+);
+md.push("| figure | unit | mlx-bun | mlx-lm | ratio | note |", "| --- | --- | --- | --- | --- | --- |");
+for (const r of rows) md.push(`| ${r.figure} | ${r.unit} | ${s3(r.ours, r.unit)} | ${s3(r.theirs, r.unit)} | ${ratio(r)} | ${r.note ?? ""} |`);
+const ffi = extra.ffi as Record<string, number> | undefined;
+if (ffi) md.push("", `FFI crossings per decoded token (mlx-bun): ${ffi.crossings_per_token?.toFixed(0)} (${ffi.arrays_made_per_token?.toFixed(0)} op results, ${ffi.core_calls_per_token?.toFixed(0)} core-table calls: ${Object.entries(ffi).filter(([k]) => k.startsWith("mlxb_")).map(([k, v]) => `${k.slice(5)} ${v}`).join(", ")}).`);
+const rf = extra.roofline as { weights: number; kv: number; table: number; floor_s: number; ours_s: number; theirs_s: number } | undefined;
+if (rf) md.push("", `Roofline: ${fmt(rf.weights)}B of weights (per-layer embedding table ${fmt(rf.table)}B not read, one row per token) + ${fmt(rf.kv)}B KV per decoded token at the measured bandwidth = ${(rf.floor_s * 1000).toFixed(3)} ms; measured ${(rf.ours_s * 1000).toFixed(3)} ms (mlx-bun), ${(rf.theirs_s * 1000).toFixed(3)} ms (mlx-lm).`);
+md.push("");
+const mdText = md.join("\n");
+console.log(`\n${mdText}`);
+
+const jsonPath = resolve(O.json ?? join(ROOT, "docs", "bench-results", `compare-${O.label.toLowerCase().replace(/[^a-z0-9]+/g, "-")}.json`));
+mkdirSync(dirname(jsonPath), { recursive: true });
+writeFileSync(jsonPath, `${JSON.stringify({ date: startedAt.toISOString(), command: cmdline, machine, model: O.model, options: O, rows, extra, elapsed_s: elapsed }, null, 2)}\n`);
+note(`JSON: ${jsonPath}`);
+if (O.md) {
+  // Inside the section (before the next "## "), or a new section at the end.
+  const doc = existsSync(O.md) ? readFileSync(O.md, "utf8") : "# Benchmarks\n";
+  const heading = `## ${O.section}`;
+  const at = doc.indexOf(heading);
+  if (at < 0) appendFileSync(O.md, `${doc.endsWith("\n") ? "" : "\n"}\n${heading}\n\n${mdText}`);
+  else {
+    const next = doc.indexOf("\n## ", at + heading.length);
+    const cut = next < 0 ? doc.length : next + 1;
+    const head = doc.slice(0, cut).replace(/\n*$/, "\n\n");
+    writeFileSync(O.md, `${head}${mdText}${next < 0 ? "" : `\n${doc.slice(cut)}`}`);
+  }
+  note(`appended to ${O.md}`);
+}
+engine.dispose();
+process.exit(0);
