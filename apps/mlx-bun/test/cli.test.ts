@@ -104,11 +104,16 @@ describe("serve", () => {
         const { value, done } = await reader.read();
         if (done) break;
         err += new TextDecoder().decode(value);
-        url = /listening on (http:\/\/\S+)/.exec(err)?.[1];
+        url = /listening on (http:\/\/\S+).*\n/.exec(err)?.[1]; // the whole line
       }
       expect(url, err).toBeDefined();
-      const h = (await (await fetch(`${url}/health`)).json()) as { status: string };
+      const h = (await (await fetch(`${url}/health`)).json()) as { status: string; kv_mode: string };
       expect(h.status).toBe("ok");
+      expect(h.kv_mode).toBe("bf16");
+      expect(err).toContain(`(web chat at ${url}/)`);
+      const page = await fetch(`${url}/`); // the web chat that tools/setup.sh built (test/web.test.ts drives it)
+      expect(page.status).toBe(200);
+      expect(await page.text()).toContain("<title>mlx-bun chat</title>");
       const r = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt: "hi" }) });
       const body = (await r.json()) as { usage: { completion_tokens: number } };
       expect(body.usage.completion_tokens).toBe(4); // --max-tokens is the default

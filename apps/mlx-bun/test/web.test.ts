@@ -5,11 +5,11 @@
 // Screenshots go to test-results/ (git-ignored).
 //
 // Chromium missing is a failure, not a skip: .ci/run installs it. MLX_BUN_SKIP_BROWSER=1 skips the
-// browser tests on purpose (they are then reported as skipped); MLX_BUN_CHROMIUM names another binary.
+// browser tests on purpose (reported as skipped; ignored when CI=true); MLX_BUN_CHROMIUM names another binary.
 import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { Engine, Scheduler } from "@mlx-bun/runtime";
-import { type Browser, chromium, type Page } from "playwright-core";
+import { type BrowserContext, chromium, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type RunningServer, startServer } from "../src/server/http.ts";
 import { DEFAULT_WEB_DIR } from "../src/server/web.ts";
@@ -22,7 +22,7 @@ declare function getComputedStyle(e: unknown): any;
 type HTMLInputElement = any;
 
 const CHROMIUM = process.env.MLX_BUN_CHROMIUM || "/usr/bin/chromium";
-const SKIP_BROWSER = process.env.MLX_BUN_SKIP_BROWSER === "1";
+const SKIP_BROWSER = process.env.MLX_BUN_SKIP_BROWSER === "1" && process.env.CI !== "true"; // never in CI
 const ARTIFACTS = join(ROOT, "test-results");
 const MODEL = "tiny-web/chat";
 
@@ -123,7 +123,7 @@ describe("serving the page", () => {
 });
 
 describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
-  let browser: Browser;
+  let context: BrowserContext;
   let page: Page;
   const dialogs: string[] = [];
   const foreignRequests: string[] = [];
@@ -134,14 +134,14 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
       throw new Error(`Chromium not found at ${CHROMIUM}: install it (apt-get install -y chromium, as .ci/run does), or set MLX_BUN_SKIP_BROWSER=1 to skip the browser tests`);
     }
     mkdirSync(ARTIFACTS, { recursive: true });
-    // Playwright starts it with a fresh, temporary --user-data-dir of its own.
-    browser = await chromium.launch({
+    // A fresh, empty --user-data-dir (the profile) in this run's temporary folder.
+    context = await chromium.launchPersistentContext(join(tmp.path, "chromium-profile"), {
       executablePath: CHROMIUM,
       headless: true,
       args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+      viewport: { width: 1280, height: 820 },
     });
-    const context = await browser.newContext({ viewport: { width: 1280, height: 820 } });
-    page = await context.newPage();
+    page = context.pages()[0] ?? (await context.newPage());
     page.on("dialog", (d) => {
       dialogs.push(d.message());
       void d.dismiss();
@@ -153,7 +153,7 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
   });
 
   afterAll(async () => {
-    await browser?.close();
+    await context?.close();
   });
 
   const lastReply = () => page.locator(".message-assistant").last();
@@ -369,6 +369,31 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
     expect(outline.id).toBe("send");
     expect(outline.style).not.toBe("none");
     expect(outline.width).toBeGreaterThanOrEqual(2);
+  });
+
+  test("a server started with --api-key: the page says so, takes the key, then replies", async () => {
+    const keyed = startServer({ model: engine.loaded, scheduler, modelId: MODEL, port: 0, webDir, kvMode: engine.kvModeName, apiKey: "sk-web-test" });
+    const p = await context.newPage();
+    try {
+      await p.goto(`${keyed.url}/`); // the page itself needs no key
+      await p.waitForSelector("html[data-ready=true]");
+      await p.fill("#max-tokens", "8");
+      await p.click("#new-chat");
+      await p.fill("#prompt", "hello");
+      await p.keyboard.press("Enter");
+      await p.waitForSelector("#error:not([hidden])");
+      expect(await p.textContent("#error")).toMatch(/^HTTP 401: Missing API key.*enter the server's API key in Settings/);
+      expect(await p.evaluate(() => document.activeElement?.id)).toBe("api-key");
+      await p.fill("#api-key", "sk-web-test");
+      await p.fill("#prompt", "hello again");
+      await p.click("#send");
+      await p.waitForFunction(() => [...document.querySelectorAll(".message-assistant")].at(-1)?.getAttribute("aria-busy") === "false");
+      expect(await p.locator(".message-assistant .message-stats").last().textContent()).toMatch(/ · 8 tokens · hit max tokens$/);
+      expect(await p.isHidden("#error")).toBe(true);
+    } finally {
+      await p.close();
+      await keyed.stop();
+    }
   });
 
   test("the page fetched nothing from another host and threw no error", () => {
