@@ -42,11 +42,11 @@ const O = {
   reps: num("reps", QUICK ? 3 : 5),
   decodeTokens: num("decode-tokens", QUICK ? 32 : 128),
   prefill: list("prefill", [512, 4096]),
-  prefillReps: num("prefill-reps", QUICK ? 1 : 3),
+  prefillReps: num("prefill-reps", QUICK ? 1 : 2),
   ttftReps: num("ttft-reps", QUICK ? 3 : 5),
-  ttftWords: num("ttft-words", 200),
+  ttftWords: num("ttft-words", 100),
   streams: list("streams", [1, 4, 16]),
-  streamTokens: num("stream-tokens", QUICK ? 16 : 64),
+  streamTokens: num("stream-tokens", QUICK ? 32 : 64),
   streamReps: num("stream-reps", QUICK ? 1 : 2),
   kvTokens: num("kv-tokens", 1024),
   kvModes: (val("kv-modes") ?? "bf16,q8,q4,turbo:4,3").split(/,(?=[a-z])/),
@@ -64,6 +64,9 @@ if (!O.model || !existsSync(join(O.model, "config.json"))) {
 const CLI = join(ROOT, "apps", "mlx-bun", "src", "cli.ts");
 const HTTP = O.http && existsSync(CLI);
 
+function machineLine(): string {
+  return `${cpus().length} cores (${cpus()[0]?.model ?? "?"}), ${(totalmem() / 2 ** 30).toFixed(0)} GiB, MLX ${mlxVersion()} ${defaultDeviceName()} backend`;
+}
 function defaultDeviceName(): string {
   try {
     return defaultDevice() === "gpu" ? "GPU" : "CPU";
@@ -113,12 +116,26 @@ interface Row {
 }
 const rows: Row[] = [];
 const extra: Record<string, unknown> = {};
+const jsonPath = resolve(O.json ?? join(ROOT, "docs", "bench-results", `compare-${O.label.toLowerCase().replace(/[^a-z0-9]+/g, "-")}.json`));
+/** Rewritten after every figure, so a run cut short still leaves its figures. */
+function writeJson(complete: boolean): void {
+  mkdirSync(dirname(jsonPath), { recursive: true });
+  const cmd = `.native/bin/bun tools/bench/compare.ts ${argv.join(" ")}`.trim();
+  writeFileSync(jsonPath, `${JSON.stringify({ date: new Date(performance.timeOrigin + T0).toISOString(), machine: machineLine(), command: cmd, complete, model: O.model, options: O, rows, extra, elapsed_s: (performance.now() - T0) / 1000 }, null, 2)}\n`);
+}
 function addRow(figure: string, unit: string, higherIsBetter: boolean, ours: number[] | null, theirs: number[] | null, noteText?: string): Row {
   const r: Row = { figure, unit, higherIsBetter, ours: ours?.length ? stat(ours) : null, theirs: theirs?.length ? stat(theirs) : null, ...(noteText ? { note: noteText } : {}) };
   rows.push(r);
-  const f = (s: Stat | null) => (s ? `${fmt(s.median)}` : "—");
+  writeJson(false);
+  const f = (s: Stat | null) => (s ? (unit === "bytes" ? fmtBytes(s.median) : fmt(s.median)) : "—");
   note(`${figure}: mlx-bun ${f(r.ours)} / mlx-lm ${f(r.theirs)} ${unit}${r.ours && r.theirs ? ` (×${(r.ours.median / r.theirs.median).toFixed(2)})` : ""}`);
   return r;
+}
+function fmtBytes(x: number): string {
+  if (x >= 1e9) return `${(x / 1e9).toFixed(2)} GB`;
+  if (x >= 1e6) return `${(x / 1e6).toFixed(1)} MB`;
+  if (x >= 1e3) return `${(x / 1e3).toFixed(1)} kB`;
+  return `${x} B`;
 }
 function fmt(x: number): string {
   if (!Number.isFinite(x)) return String(x);
@@ -446,6 +463,7 @@ async function chat(url: string, content: string, maxTokens: number): Promise<Ch
     body: JSON.stringify({
       model: "default_model",
       messages: [{ role: "user", content }],
+      chat_template_kwargs: { enable_thinking: false },
       max_tokens: maxTokens,
       temperature: 0,
       stream: true,
@@ -514,7 +532,7 @@ const oursWeights = memory.active();
 const theirsLoad = await twin.call<{ load_s: number; active_bytes: number; device: string }>("load", { model: O.model });
 extra.load = { ours_s: oursLoad, theirs_s: theirsLoad.load_s, ours_active_bytes: oursWeights, theirs_active_bytes: theirsLoad.active_bytes };
 extra.device = { ours: defaultDeviceName(), theirs: theirsLoad.device, mlx_ours: mlxVersion(), mlx_theirs: ready.mlx };
-note(`loaded: mlx-bun ${oursLoad.toFixed(1)}s (${fmt(oursWeights)}B active), mlx-lm ${theirsLoad.load_s.toFixed(1)}s (${fmt(theirsLoad.active_bytes)}B); device ${defaultDeviceName()} / ${theirsLoad.device}`);
+note(`loaded: mlx-bun ${oursLoad.toFixed(1)}s (${fmtBytes(oursWeights)} active), mlx-lm ${theirsLoad.load_s.toFixed(1)}s (${fmtBytes(theirsLoad.active_bytes)}); device ${defaultDeviceName()} / ${theirsLoad.device}`);
 
 const { tokenizer, template } = engine.loaded;
 const chatText = "Hello world! What is the capital of France? Write a short poem about the sea and the sky.";
@@ -528,17 +546,17 @@ memory.resetPeak();
 await twin.call("peak", { reset: true });
 
 /** Interleave: rep r runs A then B when r is even, B then A when odd. */
-async function interleave(label: string, reps: number, a: () => Promise<number>, b: () => Promise<number>): Promise<[number[], number[]]> {
+async function interleave(label: string, reps: number, a: (r: number) => Promise<number>, b: (r: number) => Promise<number>): Promise<[number[], number[]]> {
   const xa: number[] = [];
   const xb: number[] = [];
   for (let r = 0; r < reps; r++) {
     progress(label, `rep ${r + 1}/${reps}`);
     if (r % 2 === 0) {
-      xa.push(await a());
-      xb.push(await b());
+      xa.push(await a(r));
+      xb.push(await b(r));
     } else {
-      xb.push(await b());
-      xa.push(await a());
+      xb.push(await b(r));
+      xa.push(await a(r));
     }
   }
   return [xa, xb];
@@ -548,6 +566,8 @@ async function interleave(label: string, reps: number, a: () => Promise<number>,
 {
   const [a, b] = await interleave("bandwidth", 3, async () => median(oursBandwidth(O.bwMb, 5)), async () => median((await twin.call<{ gbps: number[] }>("bandwidth", { mb: O.bwMb, reps: 5 })).gbps));
   addRow(`memory bandwidth (x + 1 over ${O.bwMb} MiB float32, read + write)`, "GB/s", true, a, b);
+  memory.resetPeak();
+  await twin.call("peak", { reset: true });
 }
 
 // 2. Decode tok/s at batch 1 (greedy, chat prompt; the first token is not counted).
@@ -570,6 +590,9 @@ let decodeTokensChecked = false;
   decodeTokensChecked = JSON.stringify(ro.tokens) === JSON.stringify(rt.tokens);
   addRow("decode, batch 1", "tok/s", true, a, b, decodeTokensChecked ? "greedy tokens identical" : "greedy tokens DIFFER");
   extra.decode_tokens = { ours: ro.tokens, theirs: rt.tokens };
+  const theirsPeak = await twin.call<{ peak_bytes: number }>("peak", { reset: true });
+  addRow(`MLX peak memory, decode phase (${chatPrompt.length}-token prompt + ${O.decodeTokens} tokens)`, "bytes", false, [memory.peak()], [theirsPeak.peak_bytes], `weights: ${fmtBytes(oursWeights)} / ${fmtBytes(theirsLoad.active_bytes)} active after load`);
+  memory.resetPeak();
 }
 
 // 3. Prefill tok/s (time to first token of an n-token prompt, chunks of 2048).
@@ -584,11 +607,11 @@ for (const n of O.prefill) {
   addRow(`prefill, ${n}-token prompt`, "tok/s", true, a, b);
 }
 
-// 4. Peak memory of each process so far (weights + the largest prefill's caches and activations).
+// 4. Peak memory of the prefill phase (weights + the largest prefill's caches and activations).
 {
   const ours = memory.peak();
   const theirs = await twin.call<{ peak_bytes: number }>("peak", { reset: false });
-  addRow("MLX peak memory (after decode and prefill phases)", "bytes", false, [ours], [theirs.peak_bytes], `weights: ${fmt(oursWeights)}B / ${fmt(theirsLoad.active_bytes)}B active after load`);
+  addRow(`MLX peak memory, prefill phase (up to ${Math.max(...O.prefill)} tokens)`, "bytes", false, [ours], [theirs.peak_bytes]);
 }
 
 // 5. Host work: graph-building vs evaluation time per decode step (unpipelined), and FFI crossings.
@@ -663,62 +686,90 @@ for (const n of O.prefill) {
 }
 
 // 8. HTTP: TTFT, overhead against in-process generation, aggregate throughput under concurrency.
+// Requests pass chat_template_kwargs {enable_thinking: false}, so both servers template the
+// prompt as the in-process runs do (mlx_lm.server otherwise defaults thinking on).
 let servers: Srv[] = [];
 if (HTTP) {
   try {
     progress("starting mlx-bun serve and mlx_lm.server");
     servers = await startServers();
     const [ours, theirs] = servers as [Srv, Srv];
-    // Warm both.
     for (const s of servers) await chat(s.url, "warm up", 4);
-    let k = 0;
-    const promptTokens: Record<string, number> = {};
-    // TTFT: a fresh prompt each time (no prompt-cache hit on either side), 4 tokens.
+    const pt: Record<string, number> = {};
+    // TTFT, cold: a fresh prompt each time (no prompt-cache hit on either side), 4 tokens.
     const [ta, tb] = await interleave(
-      `HTTP TTFT (${O.ttftWords}-word prompt)`,
+      `HTTP TTFT, fresh ${O.ttftWords}-word prompt`,
       O.ttftReps,
-      async () => {
-        const r = await chat(ours.url, `Request ${++k}: ${words(O.ttftWords, k)}`, 4);
-        promptTokens.ours = r.promptTokens;
+      async (i) => {
+        const r = await chat(ours.url, `Request ${i}: ${words(O.ttftWords, i)}`, 4);
+        pt.ours = r.promptTokens;
         return r.ttft * 1000;
       },
-      async () => {
-        const r = await chat(theirs.url, `Request ${++k}: ${words(O.ttftWords, k)}`, 4);
-        promptTokens.theirs = r.promptTokens;
+      async (i) => {
+        const r = await chat(theirs.url, `Request ${i}: ${words(O.ttftWords, i)}`, 4);
+        pt.theirs = r.promptTokens;
         return r.ttft * 1000;
       },
     );
-    addRow(`TTFT over HTTP, streamed chat (${promptTokens.ours}/${promptTokens.theirs} prompt tokens)`, "ms", false, ta, tb);
-    // HTTP overhead: decode tok/s seen by a streaming client vs in-process, same prompt.
-    const inproc = rows.find((r) => r.figure === "decode, batch 1")!;
-    const [ha, hb] = await interleave(
-      `HTTP decode (${O.decodeTokens} tokens)`,
-      O.reps,
-      async () => {
-        const r = await chat(ours.url, chatText, O.decodeTokens);
-        return (r.completionTokens - 1) / ((r.tLast - r.tFirst) / 1000);
+    addRow(`TTFT over HTTP, streamed chat, fresh prompt (${pt.ours}/${pt.theirs} prompt tokens)`, "ms", false, ta, tb);
+    // TTFT, shared prefix: the same long document, a different last question each time (a
+    // prompt cache can reuse the document's tokens).
+    const doc = `Read this document and answer. ${words(O.ttftWords * 2, 99)}`;
+    for (const s of servers) await chat(s.url, `${doc}\nQuestion 0?`, 2);
+    const [pa, pb] = await interleave(
+      `HTTP TTFT, shared ${O.ttftWords * 2}-word prefix`,
+      O.ttftReps,
+      async (i) => {
+        const r = await chat(ours.url, `${doc}\nQuestion ${i + 1}?`, 4);
+        pt.oursPrefix = r.promptTokens;
+        return r.ttft * 1000;
       },
-      async () => {
-        const r = await chat(theirs.url, chatText, O.decodeTokens);
-        return (r.completionTokens - 1) / ((r.tLast - r.tFirst) / 1000);
+      async (i) => {
+        const r = await chat(theirs.url, `${doc}\nQuestion ${i + 1}?`, 4);
+        pt.theirsPrefix = r.promptTokens;
+        return r.ttft * 1000;
       },
     );
+    addRow(`TTFT over HTTP, same document + new question (${pt.oursPrefix}/${pt.theirsPrefix} prompt tokens)`, "ms", false, pa, pb);
+    // HTTP overhead: decode tok/s seen by a streaming client against in-process decode of the
+    // same prompt, the four runs interleaved in every repetition.
+    const inA: number[] = [];
+    const inB: number[] = [];
+    const ha: number[] = [];
+    const hb: number[] = [];
+    const hr = (r: ChatResult) => (r.completionTokens - 1) / ((r.tLast - r.tFirst) / 1000);
+    for (let r = 0; r < O.reps; r++) {
+      progress(`HTTP vs in-process decode (${O.decodeTokens} tokens)`, `rep ${r + 1}/${O.reps}`);
+      const steps: (() => Promise<void>)[] = [
+        async () => {
+          const x = await oursDecode(engine, chatPrompt, O.decodeTokens);
+          inA.push((x.tokens.length - 1) / x.decode);
+        },
+        async () => void ha.push(hr(await chat(ours.url, chatText, O.decodeTokens))),
+        async () => {
+          const x = await twin.call<{ decode_s: number; tokens: number[] }>("decode", { prompt: chatPrompt, n: O.decodeTokens });
+          inB.push((x.tokens.length - 1) / x.decode_s);
+        },
+        async () => void hb.push(hr(await chat(theirs.url, chatText, O.decodeTokens))),
+      ];
+      for (const f of r % 2 ? steps.reverse() : steps) await f();
+    }
     addRow("decode over HTTP (streamed, client-side)", "tok/s", true, ha, hb);
-    const ovA = (100 * (inproc.ours!.median - median(ha))) / inproc.ours!.median;
-    const ovB = (100 * (inproc.theirs!.median - median(hb))) / inproc.theirs!.median;
-    addRow("HTTP overhead on decode (1 − HTTP / in-process tok/s)", "%", false, [ovA], [ovB]);
-    // Aggregate throughput at C concurrent streams.
+    addRow("decode in process, interleaved with the HTTP runs", "tok/s", true, inA, inB);
+    const ov = (inp: number[], http: number[]) => inp.map((x, i) => (100 * (x - http[i]!)) / x);
+    addRow("HTTP overhead on decode (1 − HTTP / in-process tok/s, per repetition)", "%", false, ov(inA, ha), ov(inB, hb));
+    // Aggregate throughput at C concurrent streams (short distinct prompts, greedy).
     for (const C of O.streams) {
-      const run = async (s: Srv) => {
+      const run = async (s: Srv, r: number) => {
         const t0 = performance.now();
-        const rs = await Promise.all(Array.from({ length: C }, (_, i) => chat(s.url, `Stream ${i} of ${C}, run ${++k}: ${words(24, i + k)}`, O.streamTokens)));
+        const rs = await Promise.all(Array.from({ length: C }, (_, i) => chat(s.url, `Stream ${i} of ${C}, run ${r}: ${words(8, i + r)}`, O.streamTokens)));
         const dt = (performance.now() - t0) / 1000;
         return rs.reduce((a, r) => a + r.completionTokens, 0) / dt;
       };
-      const [ca, cb] = await interleave(`HTTP ${C} concurrent streams × ${O.streamTokens} tokens`, O.streamReps, () => run(ours), () => run(theirs));
-      addRow(`aggregate tok/s over HTTP, ${C} concurrent stream${C > 1 ? "s" : ""}`, "tok/s", true, ca, cb);
+      const [ca, cb] = await interleave(`HTTP ${C} concurrent streams × ${O.streamTokens} tokens`, O.streamReps, (r) => run(ours, r), (r) => run(theirs, r));
+      addRow(`aggregate tok/s over HTTP, ${C} concurrent stream${C > 1 ? "s" : ""} × ${O.streamTokens} tokens`, "tok/s", true, ca, cb);
     }
-    // Server-side MLX peak memory (mlx_lm.server does not report it).
+    extra.http_prompt_tokens = pt;
     try {
       const h = (await (await fetch(`${ours.url}/health`)).json()) as { memory?: { peak_bytes?: number } };
       if (h.memory?.peak_bytes) extra.serve_peak_bytes = h.memory.peak_bytes;
@@ -743,7 +794,7 @@ if (HTTP) {
       progress(`Scheduler in process, ${C} streams`, `rep ${r + 1}/${O.streamReps}`);
       const t0 = performance.now();
       const res = await Promise.all(
-        Array.from({ length: C }, (_, i) => sched.submit({ promptIds: template!.apply(tokenizer, [{ role: "user", content: `Stream ${i} of ${C}, run ${r}: ${words(24, i + r)}` }], { addGenerationPrompt: true }), maxTokens: O.streamTokens }).result),
+        Array.from({ length: C }, (_, i) => sched.submit({ promptIds: template!.apply(tokenizer, [{ role: "user", content: `Stream ${i} of ${C}, run ${r}: ${words(8, i + r)}` }], { addGenerationPrompt: true }), maxTokens: O.streamTokens }).result),
       );
       xs.push(res.reduce((a, x) => a + x.tokens.length, 0) / ((performance.now() - t0) / 1000));
     }
@@ -755,7 +806,7 @@ if (HTTP) {
 {
   const ours = memory.peak();
   const theirs = await twin.call<{ peak_bytes: number }>("peak", { reset: false });
-  addRow("MLX peak memory of the in-process run", "bytes", false, [ours], [theirs.peak_bytes], extra.serve_peak_bytes ? `mlx-bun serve peak ${fmt(extra.serve_peak_bytes as number)}B (mlx_lm.server reports none)` : undefined);
+  addRow("MLX peak memory from the prefill phase to the end (prefill, KV modes, Scheduler)", "bytes", false, [ours], [theirs.peak_bytes], extra.serve_peak_bytes ? `mlx-bun serve: ${fmtBytes(extra.serve_peak_bytes as number)} (mlx_lm.server reports none)` : undefined);
 }
 await twin.close();
 if (TTY) process.stderr.write("\n");
@@ -767,8 +818,12 @@ const elapsed = (performance.now() - T0) / 1000;
 const cmdline = `.native/bin/bun tools/bench/compare.ts ${argv.join(" ")}`.trim();
 const cfg = JSON.parse(readFileSync(join(O.model, "config.json"), "utf8"));
 const tc = cfg.text_config ?? cfg;
-const machine = `${cpus().length} cores (${cpus()[0]?.model ?? "?"}), ${(totalmem() / 2 ** 30).toFixed(0)} GiB, MLX ${mlxVersion()} ${defaultDeviceName()} backend`;
-const s3 = (s: Stat | null, unit: string) => (s ? (s.n > 1 ? `${fmt(s.min)} / ${fmt(s.median)} / ${fmt(s.max)}` : fmt(s.median)) + (unit === "bytes" ? " B" : "") : "—");
+const machine = machineLine();
+const s3 = (s: Stat | null, unit: string) => {
+  if (!s) return "—";
+  const f = unit === "bytes" ? fmtBytes : fmt;
+  return s.n > 1 ? `${f(s.min)} / ${f(s.median)} / ${f(s.max)}` : f(s.median);
+};
 const ratio = (r: Row) => (r.ours && r.theirs ? (r.ours.median / r.theirs.median).toFixed(2) : "—");
 const md: string[] = [];
 md.push(`### ${O.label}: ${cfg._name_or_path ?? O.model.split("/").at(-1)} (${startedAt.toISOString().slice(0, 10)})`, "");
@@ -787,9 +842,7 @@ md.push("");
 const mdText = md.join("\n");
 console.log(`\n${mdText}`);
 
-const jsonPath = resolve(O.json ?? join(ROOT, "docs", "bench-results", `compare-${O.label.toLowerCase().replace(/[^a-z0-9]+/g, "-")}.json`));
-mkdirSync(dirname(jsonPath), { recursive: true });
-writeFileSync(jsonPath, `${JSON.stringify({ date: startedAt.toISOString(), command: cmdline, machine, model: O.model, options: O, rows, extra, elapsed_s: elapsed }, null, 2)}\n`);
+writeJson(true);
 note(`JSON: ${jsonPath}`);
 if (O.md) {
   // Inside the section (before the next "## "), or a new section at the end.

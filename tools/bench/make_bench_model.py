@@ -108,10 +108,41 @@ DAMP = 0.05
 CHUNK_ELEMS = 1 << 26  # 64M float32 per draw
 
 
+class MlxRng:
+    """numpy Generator's three draws on MLX's default device (the GPU on the device machine:
+    seconds instead of minutes for 2.7B values); seeded per tensor, so deterministic per backend."""
+
+    def __init__(self, seed: int, name: str):
+        import mlx.core as mx
+
+        self.key = mx.random.key((seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 31))
+
+    def _next(self):
+        import mlx.core as mx
+
+        self.key, k = mx.random.split(self.key)
+        return k
+
+    def standard_normal(self, shape, dtype=np.float32):
+        import mlx.core as mx
+
+        return mx.random.normal(tuple(shape), key=self._next())
+
+    def uniform(self, lo, hi, shape):
+        import mlx.core as mx
+
+        return mx.random.uniform(lo, hi, tuple(shape), key=self._next())
+
+
+RNG = "numpy"
+
+
 def init_tensor(name: str, shape: tuple, seed: int, dtype) -> "mx.array":
     """make_tiny_model.init_value, drawn in float32 row chunks; embeddings get the damping."""
     import mlx.core as mx
 
+    if RNG == "mlx":
+        return init_tensor_mlx(name, shape, seed, dtype)
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     leaf = name.rsplit(".", 1)[-1]
     if "norm" in name or leaf in ("scale", "per_expert_scale"):
@@ -137,6 +168,27 @@ def init_tensor(name: str, shape: tuple, seed: int, dtype) -> "mx.array":
         mx.eval(parts[-1])
         del a
     out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+    mx.eval(out)
+    return out
+
+
+def init_tensor_mlx(name: str, shape: tuple, seed: int, dtype) -> "mx.array":
+    import mlx.core as mx
+
+    rng = MlxRng(seed, name)
+    leaf = name.rsplit(".", 1)[-1]
+    if "norm" in name or leaf in ("scale", "per_expert_scale"):
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(dtype)
+    if leaf == "layer_scalar":
+        return rng.uniform(0.8, 1.2, shape).astype(dtype)
+    fan_in = shape[-1] if shape else 1
+    gain = 1.0 if "embed_tokens" in name else 2.0
+    a = rng.standard_normal(shape) * (gain / float(np.sqrt(fan_in)))
+    if name.endswith("embed_tokens.weight"):
+        ids = mx.arange(shape[0])
+        damp = (ids < FIRST_TEXT_ID) | (ids >= len_tokenizer_vocab())
+        a = a * mx.where(damp, DAMP, 1.0)[:, None]
+    out = a.astype(dtype)
     mx.eval(out)
     return out
 
@@ -179,7 +231,7 @@ def make(size: str, out: Path, seed: int = 0, log=print) -> Path:
     if (tmp / "README.md").exists():
         (tmp / "README.md").unlink()
     (tmp / "bench-model.json").write_text(
-        json.dumps({"size": size, "seed": seed, "parameters": n_params, "tokenizer_vocab": tiny.VOCAB_SIZE,
+        json.dumps({"size": size, "seed": seed, "rng": RNG, "parameters": n_params, "tokenizer_vocab": tiny.VOCAB_SIZE,
                     "damped_rows": f"ids < {FIRST_TEXT_ID} and >= {tiny.VOCAB_SIZE} scaled by {DAMP}"}, indent=2) + "\n")
     if out.exists():
         shutil.rmtree(out)
@@ -194,7 +246,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="then load with mlx_lm.load and greedily generate 8 tokens")
+    ap.add_argument("--rng", choices=["numpy", "mlx"], default="numpy",
+                    help="numpy (default; the same values everywhere) or mlx (MLX's device RNG: fast on a GPU)")
     a = ap.parse_args(argv)
+    global RNG
+    RNG = a.rng
     make(a.size, a.out, a.seed)
     if a.check:
         print(json.dumps({"path": str(a.out), **tiny.check_generate(a.out, 8)}, ensure_ascii=False))

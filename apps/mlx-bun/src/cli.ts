@@ -58,6 +58,8 @@ addSamplingOptions(addModelOptions(program.command("serve").description("OpenAI-
   .addOption(new Option("--api-key <key>", "require 'Authorization: Bearer <key>'").env("MLX_BUN_API_KEY"))
   .option("--max-batch <n>", "requests decoded together at most", intArg("--max-batch", 1))
   .option("--memory-budget <bytes>", "KV memory the scheduler may admit requests into", floatArg("--memory-budget", 1))
+  .option("--prompt-cache-size <n>", "prompt caches kept for prefix reuse (0 = off), as mlx_lm.server", intArg("--prompt-cache-size", 0), 10)
+  .option("--prompt-cache-bytes <bytes>", "byte budget of the prompt cache", floatArg("--prompt-cache-bytes", 0), 1024 ** 3)
   .option("--max-body-size <bytes>", "largest request body", intArg("--max-body-size", 1), 16 * 1024 * 1024)
   .option("--allowed-origins <list>", "CORS origins, comma separated", (v: string) => v.split(","), ["*"])
   .option("--chat-template-args <json>", "apply_chat_template arguments for every request, a JSON object", jsonObjectArg("--chat-template-args"))

@@ -117,6 +117,10 @@ describe("serve", () => {
       const r = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt: "hi" }) });
       const body = (await r.json()) as { usage: { completion_tokens: number } };
       expect(body.usage.completion_tokens).toBe(4); // --max-tokens is the default
+      // The prompt cache is on by default (as mlx_lm.server): the same prompt again reuses it.
+      const again = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt: "hi" }) });
+      const usage = ((await again.json()) as { usage: { prompt_tokens: number; prompt_tokens_details: { cached_tokens: number } } }).usage;
+      expect(usage.prompt_tokens_details.cached_tokens).toBe(usage.prompt_tokens - 1);
       reader.releaseLock();
       p.kill("SIGINT");
       expect(await p.exited).toBe(0);

@@ -68,7 +68,8 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
     turboValues(packed, vscale, tablesFor(d, vscale.dtype).centroids);
 
   return {
-    name: `kv:turboquant:${kBits}:${vBits}`,
+    // The seed decides the value rotation, so it is part of the signature (left out at 0).
+    name: `kv:turboquant:${kBits}:${vBits}${seed ? `:s${seed}` : ""}`,
     kBits,
     vBits,
     seed,

@@ -9,3 +9,5 @@ export { StopMatcher } from "./stop.ts";
 export { EventChannel } from "./stream.ts";
 export { type Pick, Sequence } from "./sequence.ts";
 export { Scheduler, type SchedulerOptions } from "./scheduler.ts";
+export * from "./kv-store.ts";
+export * from "./prompt-cache.ts";

@@ -8,6 +8,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { BatchKVCache, BatchRotatingKVCache, type Cache, KVCache, RotatingKVCache } from "@mlx-bun/kv-cache";
 import { codecFor } from "@mlx-bun/models";
 import { type Engine, RequestError, validateRequest } from "./engine.ts";
+import type { PromptCache } from "./prompt-cache.ts";
 import { type Pick, Sequence } from "./sequence.ts";
 import type { GenerateRequest, GenerationStream } from "./types.ts";
 
@@ -16,6 +17,11 @@ export interface SchedulerOptions {
   maxBatch?: number;
   /** KV bytes the running requests may reserve together (default: half the machine's memory). */
   memoryBudgetBytes?: number;
+  /**
+   * Reuse cached prompt prefixes: a new request starts from the longest usable prefix in this
+   * cache, and a finished request's caches are added to it (the scheduler does not own it).
+   */
+  promptCache?: PromptCache;
 }
 
 interface Entry {
@@ -33,6 +39,8 @@ export class Scheduler {
   #running: Promise<void> | null = null;
   #closed = false;
   #reserved = 0;
+  readonly promptCache: PromptCache | undefined;
+  #signatures: string[] | undefined;
 
   constructor(
     readonly engine: Engine,
@@ -41,6 +49,17 @@ export class Scheduler {
     this.maxBatch = opts.maxBatch ?? 16;
     if (!Number.isInteger(this.maxBatch) || this.maxBatch < 1) throw new RequestError(`maxBatch must be a positive integer, got ${this.maxBatch}`);
     this.memoryBudgetBytes = opts.memoryBudgetBytes ?? Math.floor(totalmem() / 2);
+    this.promptCache = opts.promptCache;
+  }
+
+  /** Per-layer signatures of this engine's caches (prompt-cache entries must match them). */
+  #cacheSignatures(): string[] {
+    if (!this.#signatures) {
+      const cs = this.engine.makeCaches();
+      this.#signatures = cs.map((c) => c.signature());
+      for (const c of cs) c.dispose();
+    }
+    return this.#signatures;
   }
 
   /** Requests running or waiting. */
@@ -120,11 +139,14 @@ export class Scheduler {
       if (this.#rows.length && this.#reserved + e.bytes > this.memoryBudgetBytes) return;
       this.#pending.shift();
       this.#reserved += e.bytes;
-      const caches = this.engine.makeCaches();
+      const prompt = e.seq.req.promptIds;
+      const hit = this.promptCache?.lookup(prompt, { signatures: this.#cacheSignatures() }) ?? null;
+      const caches = hit ? hit.caches : this.engine.makeCaches();
+      e.seq.cachedTokens = hit?.cachedTokens ?? 0;
       let joined = false;
       let failure: unknown;
       try {
-        const rest = this.engine.prefill(e.seq.req.promptIds, caches, 1);
+        const rest = this.engine.prefill(prompt.slice(e.seq.cachedTokens), caches, 1);
         using x = MlxArray.fromNumbers(rest, [1, rest.length], "int32");
         using logits = this.engine.forward(x, caches);
         using row = mx.index(logits, ":", -1, ":");
@@ -136,7 +158,7 @@ export class Scheduler {
           this.#join(caches);
           this.#rows.push(e);
           joined = true;
-        }
+        } else this.promptCache?.insert(prompt, caches);
       } catch (err) {
         // This request's prefill failed (e.g. a codec that cannot hold its head dim): it alone fails.
         failure = err;
@@ -193,11 +215,26 @@ export class Scheduler {
     });
     if (keep.length === rows.length) return;
     const finished = rows.filter((r) => r.seq.done);
+    if (this.promptCache) this.#remember(rows, caches);
     this.#rows = keep.map((i) => rows[i]!);
     if (keep.length === 0) this.#dropCaches();
     else for (const c of caches) (c as BatchKVCache).filter(keep);
     for (const f of finished) this.#end(f);
     memory.clearCache();
+  }
+
+  /** Put the caches of rows that finished (not cancelled) into the prompt cache. */
+  #remember(rows: readonly Entry[], caches: readonly Cache[]): void {
+    rows.forEach((r, i) => {
+      if (!r.seq.done || r.seq.finishReason === "cancelled") return;
+      const row = caches.map((c) => (c as BatchKVCache).extract(i));
+      try {
+        // The rows hold prompt + generated tokens but the last (sampled, never fed); insert drops the extra id.
+        this.promptCache!.insert(r.seq.history, row);
+      } finally {
+        for (const c of row) c.dispose();
+      }
+    });
   }
 
   /** Release a request's reservation and close its stream (with `failure` as its error, if any). */

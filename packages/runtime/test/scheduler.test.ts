@@ -99,3 +99,27 @@ describe("continuous batching", () => {
     expect(() => tiny.submit({ promptIds: prompt(1), maxTokens: 10 })).toThrow(/needs \d+ bytes of KV cache, more than the budget of 100/);
   });
 });
+
+describe("scheduler with a prompt cache", () => {
+  test("a follow-up request reuses the cached prefix and decodes the same tokens as a cold run", async () => {
+    const { PromptCache } = await import("../src/index.ts");
+    using e = Engine.load(models.path("dense"));
+    const first = prompt(2);
+    const cold = new Scheduler(e);
+    const a = await cold.submit({ promptIds: first, maxTokens: 6 }).result;
+    // A conversation's next turn: the old prompt + reply + new user tokens.
+    const follow = [...first, ...a.tokens, 11, 12, 13];
+    const coldFollow = await cold.submit({ promptIds: follow, maxTokens: 6 }).result;
+    await cold.close();
+    using pc = new PromptCache({ maxBytes: 64 * 1024 * 1024 });
+    const warm = new Scheduler(e, { promptCache: pc });
+    const a2 = await warm.submit({ promptIds: first, maxTokens: 6 }).result;
+    expect(a2.tokens).toEqual(a.tokens);
+    expect(pc.size).toBe(1);
+    const b = await warm.submit({ promptIds: follow, maxTokens: 6 }).result;
+    await warm.close();
+    expect(b.cachedTokens).toBe(first.length + a.tokens.length - 1);
+    expect(b.tokens).toEqual(coldFollow.tokens);
+    expect(pc.stats.hits).toBe(1);
+  });
+});

@@ -10,6 +10,9 @@ export interface ServeOptions extends ModelOptions, SamplingOptions {
   apiKey?: string;
   maxBatch?: number;
   memoryBudget?: number;
+  /** Prompt-cache entries (0 = off) and byte budget. */
+  promptCacheSize: number;
+  promptCacheBytes: number;
   maxBodySize: number;
   allowedOrigins: string[];
   chatTemplateArgs?: Record<string, unknown>;
@@ -21,10 +24,12 @@ export interface ServeOptions extends ModelOptions, SamplingOptions {
 
 export async function runServe(o: ServeOptions): Promise<number> {
   const { engine, model } = await loadEngine(o);
-  const { Scheduler } = await import("@mlx-bun/runtime");
+  const { PromptCache, Scheduler } = await import("@mlx-bun/runtime");
+  const promptCache = o.promptCacheSize > 0 ? new PromptCache({ maxEntries: o.promptCacheSize, maxBytes: o.promptCacheBytes }) : undefined;
   const scheduler = new Scheduler(engine, {
     ...(o.maxBatch !== undefined ? { maxBatch: o.maxBatch } : {}),
     ...(o.memoryBudget !== undefined ? { memoryBudgetBytes: o.memoryBudget } : {}),
+    ...(promptCache ? { promptCache } : {}),
   });
   const apiKey = o.apiKey ?? (process.env.MLX_BUN_API_KEY || undefined);
   const srv = startServer({
@@ -55,6 +60,7 @@ export async function runServe(o: ServeOptions): Promise<number> {
   process.stderr.write("mlx-bun serve: shutting down\n");
   await srv.stop();
   await scheduler.close();
+  promptCache?.dispose();
   engine.dispose();
   return 0;
 }

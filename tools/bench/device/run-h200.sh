@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The second device call of the H200 comparison (docs/benchmarks.md says how it is run):
+# unpack what tools/bench/device/pack.sh packed (call 1 left libmlx.xz.00 in /tmp/st), check
+# MLX's CUDA backend from Python and from Bun, write the 1B checkpoint there (MLX's GPU RNG), and
+# run tools/bench/compare.ts. Everything it writes for the report goes to $OUT.
+#   bash tools/bench/device/run-h200.sh          (DEADLINE=seconds for the whole script, default 570)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+cd "$root"
+OUT="${OUT:-/tmp/h200-out}"
+mkdir -p "$OUT"
+PY="${PY:-/opt/torch/.venv/bin/python3}"
+SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+log() { echo "[h200 +${SECONDS}s] $*"; }
+log "python $("$PY" -V 2>&1), site $SITE, $(nproc) cores"
+bash tools/bench/device/unpack.sh /tmp/st "$SITE" || { log "unpack failed"; exit 1; }
+export LD_LIBRARY_PATH="$SITE/mlx/lib" MLX_BUN_NATIVE="$root/.native/device/libmlxb.so" MLX_BUN_PYTHON="$PY" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+"$PY" -c "import mlx.core as mx; print('python mlx', mx.__version__, mx.default_device(), (mx.ones(4) + 1).tolist())" || { log "MLX (CUDA) does not import"; exit 1; }
+if ! .native/bin/bun tools/bench/device/smoke.ts; then
+  log "the prebuilt libmlxb.so does not load; building it here"
+  mkdir -p /tmp/mlxb-obj
+  for f in packages/mlx-ffi/native/src/*.cpp; do
+    g++ -std=c++20 -O3 -DNDEBUG -fPIC -fvisibility=hidden -Ipackages/mlx-ffi/native/include -I"$SITE/mlx/include" \
+      -c "$f" -o "/tmp/mlxb-obj/$(basename "$f" .cpp).o" &
+  done
+  wait
+  g++ -shared -o .native/device/libmlxb.so /tmp/mlxb-obj/*.o -L"$SITE/mlx/lib" -lmlx -Wl,-rpath,"$SITE/mlx/lib" || exit 1
+  .native/bin/bun tools/bench/device/smoke.ts || { log "libmlxb.so does not load"; exit 1; }
+fi
+log "writing the 1B checkpoint"
+"$PY" tools/bench/make_bench_model.py --size 1b --out .native/bench-models/gemma4-1b-4bit --rng mlx || { log "model failed"; exit 1; }
+left=$((${DEADLINE:-570} - SECONDS))
+log "compare.ts (${left}s left)"
+timeout "$left" .native/bin/bun tools/bench/compare.ts --model .native/bench-models/gemma4-1b-4bit --label "H200 (CUDA)" \
+  --python "$PY" --decode-tokens 256 --stream-tokens 128 --prefill-reps 3 --bandwidth-mb 4096 \
+  --md "$OUT/benchmarks-h200.md" --json "$OUT/compare-h200.json" "$@" 2>&1 | tee "$OUT/compare.log"
+log "done (compare rc ${PIPESTATUS[0]})"
+nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
