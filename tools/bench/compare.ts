@@ -15,7 +15,7 @@
 import { appendFileSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { cpus, totalmem, hostname } from "node:os";
+import { cpus, totalmem } from "node:os";
 import { evaluate, lib, memory, MlxArray, mlxVersion, defaultDevice } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { Engine, Scheduler, Sequence } from "@mlx-bun/runtime";
@@ -57,6 +57,13 @@ const O = {
   python: val("python") ?? process.env.MLX_BUN_PYTHON ?? join(ROOT, ".native", "venv", "bin", "python"),
   section: val("section") ?? "Decode, prefill, HTTP and batching: mlx-bun vs mlx-lm (issue 7)",
 };
+if (val("render")) {
+  // Re-render a run's JSON (e.g. one cut short on the device machine) into the markdown.
+  const text = renderMarkdown(JSON.parse(readFileSync(val("render")!, "utf8")) as Report);
+  console.log(text);
+  if (O.md) writeMarkdown(O.md, text);
+  process.exit(0);
+}
 if (!O.model || !existsSync(join(O.model, "config.json"))) {
   console.error(`compare: no model at ${O.model || "(none)"}; make one with bash tools/bench/make-bench-model.sh`);
   process.exit(2);
@@ -80,15 +87,15 @@ function defaultDeviceName(): string {
 // ------------------------------------------------------------------------------------------
 const T0 = performance.now();
 const TTY = process.stderr.isTTY;
-let phase = "";
+let curPhase = "";
 const clock = () => {
   const s = Math.round((performance.now() - T0) / 1000);
   return `${String(Math.floor(s / 60)).padStart(2, "0")}:${String(s % 60).padStart(2, "0")}`;
 };
 function progress(p: string, detail = ""): void {
   if (TTY) process.stderr.write(`\r\x1b[2K[compare ${clock()}] ${p}${detail ? ` · ${detail}` : ""}`);
-  else if (p !== phase) process.stderr.write(`[compare ${clock()}] ${p}\n`);
-  phase = p;
+  else if (p !== curPhase) process.stderr.write(`[compare ${clock()}] ${p}\n`);
+  curPhase = p;
 }
 function note(s: string): void {
   if (TTY) process.stderr.write("\r\x1b[2K");
@@ -121,7 +128,10 @@ const jsonPath = resolve(O.json ?? join(ROOT, "docs", "bench-results", `compare-
 function writeJson(complete: boolean): void {
   mkdirSync(dirname(jsonPath), { recursive: true });
   const cmd = `.native/bin/bun tools/bench/compare.ts ${argv.join(" ")}`.trim();
-  writeFileSync(jsonPath, `${JSON.stringify({ date: new Date(performance.timeOrigin + T0).toISOString(), machine: machineLine(), command: cmd, complete, model: O.model, options: O, rows, extra, elapsed_s: (performance.now() - T0) / 1000 }, null, 2)}\n`);
+  const cfg = JSON.parse(readFileSync(join(O.model, "config.json"), "utf8"));
+  const tc = cfg.text_config ?? cfg;
+  const model_config = Object.fromEntries(["hidden_size", "num_hidden_layers", "num_kv_shared_layers", "vocab_size", "dtype", "quantization"].map((k) => [k, tc[k] ?? cfg[k]]));
+  writeFileSync(jsonPath, `${JSON.stringify({ model_config, date: new Date(performance.timeOrigin + T0).toISOString(), machine: machineLine(), command: cmd, complete, model: O.model, options: O, rows, extra, elapsed_s: (performance.now() - T0) / 1000 }, null, 2)}\n`);
 }
 function addRow(figure: string, unit: string, higherIsBetter: boolean, ours: number[] | null, theirs: number[] | null, noteText?: string): Row {
   const r: Row = { figure, unit, higherIsBetter, ours: ours?.length ? stat(ours) : null, theirs: theirs?.length ? stat(theirs) : null, ...(noteText ? { note: noteText } : {}) };
@@ -545,6 +555,20 @@ await twin.call("decode", { prompt: chatPrompt, n: 8 });
 memory.resetPeak();
 await twin.call("peak", { reset: true });
 
+/** Run one phase; a failure is recorded (and printed) and the run goes on with the next phase. */
+const failures: Record<string, string> = {};
+async function phase(name: string, f: () => Promise<void>): Promise<void> {
+  try {
+    await f();
+  } catch (e) {
+    const msg = (e as Error)?.stack ?? String(e);
+    failures[name] = msg.slice(0, 2000);
+    extra.failures = failures;
+    note(`phase ${name} FAILED: ${msg.split("\n").slice(0, 6).join(" | ")}`);
+    writeJson(false);
+  }
+}
+
 /** Interleave: rep r runs A then B when r is even, B then A when odd. */
 async function interleave(label: string, reps: number, a: (r: number) => Promise<number>, b: (r: number) => Promise<number>): Promise<[number[], number[]]> {
   const xa: number[] = [];
@@ -563,16 +587,16 @@ async function interleave(label: string, reps: number, a: (r: number) => Promise
 }
 
 // 1. Memory bandwidth, measured by both processes with the same MLX op.
-{
+await phase("bandwidth", async () => {
   const [a, b] = await interleave("bandwidth", 3, async () => median(oursBandwidth(O.bwMb, 5)), async () => median((await twin.call<{ gbps: number[] }>("bandwidth", { mb: O.bwMb, reps: 5 })).gbps));
   addRow(`memory bandwidth (x + 1 over ${O.bwMb} MiB float32, read + write)`, "GB/s", true, a, b);
   memory.resetPeak();
   await twin.call("peak", { reset: true });
-}
+});
 
 // 2. Decode tok/s at batch 1 (greedy, chat prompt; the first token is not counted).
 let decodeTokensChecked = false;
-{
+await phase("decode", async () => {
   const [a, b] = await interleave(
     `decode batch 1 (${O.decodeTokens} tokens)`,
     O.reps,
@@ -593,10 +617,10 @@ let decodeTokensChecked = false;
   const theirsPeak = await twin.call<{ peak_bytes: number }>("peak", { reset: true });
   addRow(`MLX peak memory, decode phase (${chatPrompt.length}-token prompt + ${O.decodeTokens} tokens)`, "bytes", false, [memory.peak()], [theirsPeak.peak_bytes], `weights: ${fmtBytes(oursWeights)} / ${fmtBytes(theirsLoad.active_bytes)} active after load`);
   memory.resetPeak();
-}
+});
 
 // 3. Prefill tok/s (time to first token of an n-token prompt, chunks of 2048).
-for (const n of O.prefill) {
+await phase("prefill", async () => { for (const n of O.prefill) {
   const prompt = syntheticPrompt(n, n);
   const [a, b] = await interleave(
     `prefill ${n}`,
@@ -605,17 +629,17 @@ for (const n of O.prefill) {
     async () => n / (await twin.call<{ seconds: number }>("prefill", { prompt })).seconds,
   );
   addRow(`prefill, ${n}-token prompt`, "tok/s", true, a, b);
-}
+} });
 
 // 4. Peak memory of the prefill phase (weights + the largest prefill's caches and activations).
-{
+await phase("peak prefill", async () => {
   const ours = memory.peak();
   const theirs = await twin.call<{ peak_bytes: number }>("peak", { reset: false });
   addRow(`MLX peak memory, prefill phase (up to ${Math.max(...O.prefill)} tokens)`, "bytes", false, [ours], [theirs.peak_bytes]);
-}
+});
 
 // 5. Host work: graph-building vs evaluation time per decode step (unpipelined), and FFI crossings.
-{
+await phase("host work", async () => {
   const n = Math.min(O.decodeTokens, 32);
   const [a, b] = await interleave("decode step: host graph build vs eval", Math.min(O.reps, 3), async () => {
     const r = oursSteps(engine, chatPrompt, n);
@@ -634,43 +658,13 @@ for (const n of O.prefill) {
   const c = await countCrossings(engine, chatPrompt, 16);
   extra.ffi = c;
   note(`FFI crossings per decoded token (mlx-bun): ${c.crossings_per_token?.toFixed(0)} (op results ${c.arrays_made_per_token?.toFixed(0)}, core-table calls ${c.core_calls_per_token?.toFixed(0)})`);
-}
+});
 
-// 6. KV bytes per token for each --kv mode.
-{
-  progress("KV bytes per token");
-  const prompt = syntheticPrompt(O.kvTokens, 7);
-  const theirs = await twin.call<Record<string, { bytes?: number; tokens?: number; error?: string }>>("kv", { n: O.kvTokens, prompt });
-  const kv: Record<string, unknown> = {};
-  for (const mode of O.kvModes) {
-    const e = new Engine(engine.loaded, { kv: mode });
-    const caches = e.makeCaches();
-    try {
-      e.prefill(prompt, caches, 0);
-      const held = caches.reduce((s, c) => s + c.nbytes, 0);
-      const per = caches.reduce((s, c) => s + c.bytesPerToken(), 0);
-      const t = theirs[mode];
-      kv[mode] = { ours_bytes_per_token: per, ours_held_bytes: held, theirs_held_bytes: t?.bytes ?? null, theirs_error: t?.error ?? null };
-      addRow(
-        `KV bytes held after ${O.kvTokens} tokens, --kv ${mode}`,
-        "bytes",
-        false,
-        [held],
-        t?.bytes !== undefined ? [t.bytes] : null,
-        `${per} B/token over the ${caches.length} owning caches (codec)${t?.error ? `; mlx-lm: ${t.error.split(":")[0]} (${t.error.includes("NYI") ? "RotatingKVCache quantization not implemented" : t.error})` : t ? "" : "; mlx-lm has no such mode"}`,
-      );
-    } finally {
-      for (const c of caches) c.dispose();
-      memory.clearCache();
-    }
-  }
-  extra.kv = kv;
-}
-
-// 7. Roofline: bytes read per decoded token over the measured bandwidth, against the decode time.
-{
-  const bw = rows[0]!.ours!.median * 1e9;
-  const bwT = rows[0]!.theirs!.median * 1e9;
+// 6. Roofline: bytes read per decoded token over the measured bandwidth, against the decode time.
+await phase("roofline", async () => {
+  const bwRow = rows.find((r) => r.figure.startsWith("memory bandwidth"))!;
+  const bw = bwRow.ours!.median * 1e9;
+  const bwT = bwRow.theirs!.median * 1e9;
   const ctx = chatPrompt.length + O.decodeTokens / 2;
   const b = bytesPerDecodedToken(engine, ctx);
   const dec = rows.find((r) => r.figure === "decode, batch 1")!;
@@ -683,9 +677,9 @@ for (const n of O.prefill) {
     [(100 * floor) / (1 / dec.ours!.median)],
     [(100 * (b.total / bwT)) / (1 / dec.theirs!.median)],
   );
-}
+});
 
-// 8. HTTP: TTFT, overhead against in-process generation, aggregate throughput under concurrency.
+// 7. HTTP: TTFT, overhead against in-process generation, aggregate throughput under concurrency.
 // Requests pass chat_template_kwargs {enable_thinking: false}, so both servers template the
 // prompt as the in-process runs do (mlx_lm.server otherwise defaults thinking on).
 let servers: Srv[] = [];
@@ -785,8 +779,8 @@ if (HTTP) {
   }
 }
 
-// 9. mlx-bun's Scheduler in process (no HTTP), for reference against the HTTP figures.
-{
+// 8. mlx-bun's Scheduler in process (no HTTP), for reference against the HTTP figures.
+await phase("scheduler", async () => {
   const sched = new Scheduler(engine, { maxBatch: 16 });
   for (const C of O.streams) {
     const xs: number[] = [];
@@ -801,62 +795,109 @@ if (HTTP) {
     addRow(`aggregate tok/s in process (mlx-bun Scheduler), ${C} stream${C > 1 ? "s" : ""}`, "tok/s", true, xs, null);
   }
   await sched.close();
-}
+});
 
-{
+// 9. KV bytes per token for each --kv mode (last: on CUDA each mode JIT-compiles its kernels).
+await phase("kv", async () => {
+  progress("KV bytes per token");
+  const prompt = syntheticPrompt(O.kvTokens, 7);
+  const theirs = await twin.call<Record<string, { bytes?: number; tokens?: number; error?: string }>>("kv", { n: O.kvTokens, prompt });
+  const kv: Record<string, unknown> = {};
+  for (const mode of O.kvModes) {
+    const e = new Engine(engine.loaded, { kv: mode });
+    const caches = e.makeCaches();
+    try {
+      e.prefill(prompt, caches, 0);
+      const held = caches.reduce((s, c) => s + c.nbytes, 0);
+      const per = caches.reduce((s, c) => s + c.bytesPerToken(), 0);
+      const t = theirs[mode];
+      kv[mode] = { ours_bytes_per_token: per, ours_held_bytes: held, theirs_held_bytes: t?.bytes ?? null, theirs_error: t?.error ?? null };
+      addRow(
+        `KV bytes held after ${O.kvTokens} tokens, --kv ${mode}`,
+        "bytes",
+        false,
+        [held],
+        t?.bytes !== undefined ? [t.bytes] : null,
+        `${per} B/token over the ${caches.length} owning caches (codec)${t?.error ? `; mlx-lm: ${t.error.split(":")[0]} (${t.error.includes("NYI") ? "RotatingKVCache quantization not implemented" : t.error})` : t ? "" : "; mlx-lm has no such mode"}`,
+      );
+    } finally {
+      for (const c of caches) c.dispose();
+      memory.clearCache();
+    }
+  }
+  extra.kv = kv;
+});
+
+await phase("final peak", async () => {
   const ours = memory.peak();
   const theirs = await twin.call<{ peak_bytes: number }>("peak", { reset: false });
   addRow("MLX peak memory from the prefill phase to the end (prefill, KV modes, Scheduler)", "bytes", false, [ours], [theirs.peak_bytes], extra.serve_peak_bytes ? `mlx-bun serve: ${fmtBytes(extra.serve_peak_bytes as number)} (mlx_lm.server reports none)` : undefined);
-}
+});
 await twin.close();
 if (TTY) process.stderr.write("\n");
 
 // ------------------------------------------------------------------------------------------
 // Report
 // ------------------------------------------------------------------------------------------
-const elapsed = (performance.now() - T0) / 1000;
-const cmdline = `.native/bin/bun tools/bench/compare.ts ${argv.join(" ")}`.trim();
-const cfg = JSON.parse(readFileSync(join(O.model, "config.json"), "utf8"));
-const tc = cfg.text_config ?? cfg;
-const machine = machineLine();
-const s3 = (s: Stat | null, unit: string) => {
-  if (!s) return "—";
-  const f = unit === "bytes" ? fmtBytes : fmt;
-  return s.n > 1 ? `${f(s.min)} / ${f(s.median)} / ${f(s.max)}` : f(s.median);
-};
-const ratio = (r: Row) => (r.ours && r.theirs ? (r.ours.median / r.theirs.median).toFixed(2) : "—");
-const md: string[] = [];
-md.push(`### ${O.label}: ${cfg._name_or_path ?? O.model.split("/").at(-1)} (${startedAt.toISOString().slice(0, 10)})`, "");
-md.push(`\`${cmdline}\``, "");
-md.push(
-  `${startedAt.toISOString()}, ${machine}; host ${hostname()}; model \`${O.model.replace(`${ROOT}/`, "")}\` (hidden ${tc.hidden_size}, ${tc.num_hidden_layers} layers, ${tc.num_kv_shared_layers} KV-shared, vocab ${tc.vocab_size}, ${tc.dtype}, 4-bit); ${elapsed.toFixed(0)} s. Repetitions interleaved; min / median / max; ratio = mlx-bun median / mlx-lm median.`,
-  "",
-);
-md.push("| figure | unit | mlx-bun | mlx-lm | ratio | note |", "| --- | --- | --- | --- | --- | --- |");
-for (const r of rows) md.push(`| ${r.figure} | ${r.unit} | ${s3(r.ours, r.unit)} | ${s3(r.theirs, r.unit)} | ${ratio(r)} | ${r.note ?? ""} |`);
-const ffi = extra.ffi as Record<string, number> | undefined;
-if (ffi) md.push("", `FFI crossings per decoded token (mlx-bun): ${ffi.crossings_per_token?.toFixed(0)} (${ffi.arrays_made_per_token?.toFixed(0)} op results, ${ffi.core_calls_per_token?.toFixed(0)} core-table calls: ${Object.entries(ffi).filter(([k]) => k.startsWith("mlxb_")).map(([k, v]) => `${k.slice(5)} ${v}`).join(", ")}).`);
-const rf = extra.roofline as { weights: number; kv: number; table: number; floor_s: number; ours_s: number; theirs_s: number } | undefined;
-if (rf) md.push("", `Roofline: ${fmt(rf.weights)}B of weights (per-layer embedding table ${fmt(rf.table)}B not read, one row per token) + ${fmt(rf.kv)}B KV per decoded token at the measured bandwidth = ${(rf.floor_s * 1000).toFixed(3)} ms; measured ${(rf.ours_s * 1000).toFixed(3)} ms (mlx-bun), ${(rf.theirs_s * 1000).toFixed(3)} ms (mlx-lm).`);
-md.push("");
-const mdText = md.join("\n");
-console.log(`\n${mdText}`);
-
 writeJson(true);
 note(`JSON: ${jsonPath}`);
-if (O.md) {
-  // Inside the section (before the next "## "), or a new section at the end.
-  const doc = existsSync(O.md) ? readFileSync(O.md, "utf8") : "# Benchmarks\n";
+const mdText = renderMarkdown(JSON.parse(readFileSync(jsonPath, "utf8")) as Report);
+console.log(`\n${mdText}`);
+if (O.md) writeMarkdown(O.md, mdText);
+engine.dispose();
+process.exit(0);
+
+interface Report {
+  date: string;
+  command: string;
+  machine: string;
+  model: string;
+  options: typeof O;
+  rows: Row[];
+  extra: Record<string, unknown>;
+  elapsed_s: number;
+  complete: boolean;
+  model_config: Record<string, unknown>;
+}
+
+function renderMarkdown(d: Report): string {
+  const tc = d.model_config;
+  const s3 = (s: Stat | null, unit: string) => {
+    if (!s) return "—";
+    const f = unit === "bytes" ? fmtBytes : fmt;
+    return s.n > 1 ? `${f(s.min)} / ${f(s.median)} / ${f(s.max)}` : f(s.median);
+  };
+  const ratio = (r: Row) => (r.ours && r.theirs ? (r.ours.median / r.theirs.median).toFixed(2) : "—");
+  const md: string[] = [];
+  md.push(`### ${d.options.label}: ${d.model.split("/").at(-1)} (${d.date.slice(0, 10)})`, "");
+  md.push(`\`${d.command}\``, "");
+  md.push(
+    `${d.date}, ${d.machine}; model \`${d.model.replace(/^.*?(\.native\/)/, "$1")}\` (hidden ${tc.hidden_size}, ${tc.num_hidden_layers} layers, ${tc.num_kv_shared_layers} KV-shared, vocab ${tc.vocab_size}, ${tc.dtype}, 4-bit); ${d.elapsed_s.toFixed(0)} s${d.complete ? "" : " (cut short: the figures measured before the end)"}. Repetitions interleaved; min / median / max; ratio = mlx-bun median / mlx-lm median.`,
+    "",
+  );
+  md.push("| figure | unit | mlx-bun | mlx-lm | ratio | note |", "| --- | --- | --- | --- | --- | --- |");
+  for (const r of d.rows) md.push(`| ${r.figure} | ${r.unit} | ${s3(r.ours, r.unit)} | ${s3(r.theirs, r.unit)} | ${ratio(r)} | ${r.note ?? ""} |`);
+  const ffi = d.extra.ffi as Record<string, number> | undefined;
+  if (ffi) md.push("", `FFI crossings per decoded token (mlx-bun): ${ffi.crossings_per_token?.toFixed(0)} (${ffi.arrays_made_per_token?.toFixed(0)} op results, ${ffi.core_calls_per_token?.toFixed(0)} core-table calls: ${Object.entries(ffi).filter(([k]) => k.startsWith("mlxb_")).map(([k, v]) => `${k.slice(5)} ${v}`).join(", ")}).`);
+  const rf = d.extra.roofline as { weights: number; kv: number; table: number; floor_s: number; ours_s: number; theirs_s: number } | undefined;
+  if (rf) md.push("", `Roofline: ${fmtBytes(rf.weights)} of weights (per-layer embedding table ${fmtBytes(rf.table)} not read: one row per token) + ${fmtBytes(rf.kv)} KV per decoded token at the measured bandwidth = ${(rf.floor_s * 1000).toFixed(3)} ms; measured ${(rf.ours_s * 1000).toFixed(3)} ms (mlx-bun), ${(rf.theirs_s * 1000).toFixed(3)} ms (mlx-lm).`);
+  const fl = d.extra.failures as Record<string, string> | undefined;
+  if (fl) md.push("", `Failed phases: ${Object.entries(fl).map(([k, v]) => `${k} (${v.split("\n")[0]})`).join("; ")}.`);
+  md.push("");
+  return md.join("\n");
+}
+
+/** Put the table inside the section (before the next "## "), or start the section at the end. */
+function writeMarkdown(path: string, mdText: string): void {
+  const doc = existsSync(path) ? readFileSync(path, "utf8") : "# Benchmarks\n";
   const heading = `## ${O.section}`;
   const at = doc.indexOf(heading);
-  if (at < 0) appendFileSync(O.md, `${doc.endsWith("\n") ? "" : "\n"}\n${heading}\n\n${mdText}`);
+  if (at < 0) appendFileSync(path, `${doc.endsWith("\n") ? "" : "\n"}\n${heading}\n\n${mdText}`);
   else {
     const next = doc.indexOf("\n## ", at + heading.length);
     const cut = next < 0 ? doc.length : next + 1;
     const head = doc.slice(0, cut).replace(/\n*$/, "\n\n");
-    writeFileSync(O.md, `${head}${mdText}${next < 0 ? "" : `\n${doc.slice(cut)}`}`);
+    writeFileSync(path, `${head}${mdText}${next < 0 ? "" : `\n${doc.slice(cut)}`}`);
   }
-  note(`appended to ${O.md}`);
+  note(`table written to ${path}`);
 }
-engine.dispose();
-process.exit(0);
