@@ -5,8 +5,13 @@
 // `mlx-bun serve` and `mlx_lm.server` on 127.0.0.1 and send both the same requests.
 //
 //   .native/bin/bun tools/bench/compare.ts [--model DIR] [--quick] [--label CPU]
-//        [--reps N] [--decode-tokens N] [--prefill 512,4096] [--streams 1,4,16] [--stream-tokens N]
-//        [--no-http] [--md docs/benchmarks.md | --no-md] [--json FILE] [--python PY]
+//        [--reps N] [--decode-tokens N] [--prefill 512,4096] [--prefill-reps N] [--streams 1,4,16]
+//        [--stream-tokens N] [--stream-reps N] [--ttft-reps N] [--ttft-words N] [--kv-tokens N]
+//        [--kv-modes bf16,q8,q4,turbo:4,3] [--bandwidth-mb N] [--no-http]
+//        [--md docs/benchmarks.md | --no-md] [--json FILE] [--python PY] [--section TITLE]
+//   .native/bin/bun tools/bench/compare.ts --render FILE.json [--no-md]   # a saved run's table
+//
+// Checkpoints: bash tools/bench/make-bench-model.sh. The H200 run: tools/bench/device/*.sh.
 //
 // Figures: decode tok/s at batch 1; prefill tok/s; TTFT over HTTP; HTTP overhead against
 // in-process generation; aggregate tok/s at 1/4/16 concurrent streams; MLX peak memory of each
@@ -35,7 +40,10 @@ const num = (f: string, d: number) => (val(f) !== undefined ? Number(val(f)) : d
 const list = (f: string, d: number[]) => (val(f) !== undefined ? val(f)!.split(",").filter(Boolean).map(Number) : d);
 
 const QUICK = has("quick");
-const defaultModel = [".native/bench-models/gemma4-1b-4bit", ".native/bench-models/gemma4-mini-4bit"].map((p) => join(ROOT, p)).find((p) => existsSync(p));
+// The 1B checkpoint on a GPU; on a CPU the mini one (the 1B decodes at ~15 s/token on the CI VM).
+const defaultModel = (defaultDeviceName() === "GPU" ? ["gemma4-1b-4bit", "gemma4-mini-4bit"] : ["gemma4-mini-4bit", "gemma4-1b-4bit"])
+  .map((p) => join(ROOT, ".native", "bench-models", p))
+  .find((p) => existsSync(p));
 const O = {
   model: resolve(val("model") ?? defaultModel ?? ""),
   label: val("label") ?? `${defaultDeviceName()}`,
@@ -127,7 +135,7 @@ const jsonPath = resolve(O.json ?? join(ROOT, "docs", "bench-results", `compare-
 /** Rewritten after every figure, so a run cut short still leaves its figures. */
 function writeJson(complete: boolean): void {
   mkdirSync(dirname(jsonPath), { recursive: true });
-  const cmd = `.native/bin/bun tools/bench/compare.ts ${argv.join(" ")}`.trim();
+  const cmd = `.native/bin/bun tools/bench/compare.ts ${argv.map((a) => (/[\s(),;&|]/.test(a) ? JSON.stringify(a) : a)).join(" ")}`.trim();
   const cfg = JSON.parse(readFileSync(join(O.model, "config.json"), "utf8"));
   const tc = cfg.text_config ?? cfg;
   const model_config = Object.fromEntries(["hidden_size", "num_hidden_layers", "num_kv_shared_layers", "vocab_size", "dtype", "quantization"].map((k) => [k, tc[k] ?? cfg[k]]));

@@ -81,9 +81,26 @@ MLXB_API double mlxb_array_item_f64(mlxb_array a) {
   MLXB_GUARD(std::nan(""), {
     auto& x = arr(a);
     if (x.size() != 1) throw std::invalid_argument("item() needs an array of size 1, got size " + std::to_string(x.size()));
-    auto c = mx::astype(x, mx::float64, mx::Device::cpu);
-    c.eval();
-    return c.item<double>();
+    // Wait on the array itself and convert on the host: a cast op would queue behind whatever
+    // work is already scheduled on the stream (and break the decode pipeline).
+    x.eval();
+    switch (x.dtype().val()) {
+      case mx::Dtype::Val::bool_: return x.item<bool>() ? 1.0 : 0.0;
+      case mx::Dtype::Val::uint8: return x.item<uint8_t>();
+      case mx::Dtype::Val::uint16: return x.item<uint16_t>();
+      case mx::Dtype::Val::uint32: return x.item<uint32_t>();
+      case mx::Dtype::Val::uint64: return static_cast<double>(x.item<uint64_t>());
+      case mx::Dtype::Val::int8: return x.item<int8_t>();
+      case mx::Dtype::Val::int16: return x.item<int16_t>();
+      case mx::Dtype::Val::int32: return x.item<int32_t>();
+      case mx::Dtype::Val::int64: return static_cast<double>(x.item<int64_t>());
+      case mx::Dtype::Val::float16: return static_cast<float>(x.item<mx::float16_t>());
+      case mx::Dtype::Val::bfloat16: return static_cast<float>(x.item<mx::bfloat16_t>());
+      case mx::Dtype::Val::float32: return x.item<float>();
+      case mx::Dtype::Val::float64: return x.item<double>();
+      case mx::Dtype::Val::complex64: return x.item<mx::complex64_t>().real();
+    }
+    throw std::invalid_argument("item(): unsupported dtype");
   })
 }
 

@@ -1,0 +1,175 @@
+// Where a decoded token's time goes in mlx-bun (batch 1): the same greedy decode run as
+// (a) unpipelined graph build + evaluate, (b) (a) plus reading the token with item(),
+// (c) a bare pipelined loop (asyncEval of step n+1 before reading token n, as mlx-lm), (c2) the
+// same reading the token with toTypedArray() instead of item(),
+// (d) (c) plus Sequence.accept (detokenize, stop strings, event) and a setImmediate per token,
+// (e) Engine.generate consumed with for-await, (f) the Scheduler with one request.
+// Milliseconds per token, min / median over --reps; variants interleaved per repetition.
+//
+//   .native/bin/bun tools/bench/decode-profile.ts [--model DIR] [--tokens 64] [--reps 5]
+import { existsSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { asyncEval, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import { Engine, Scheduler, Sequence } from "@mlx-bun/runtime";
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
+const arg = (f: string, d: string) => {
+  const i = process.argv.indexOf(`--${f}`);
+  return i >= 0 ? process.argv[i + 1]! : d;
+};
+const model = resolve(arg("model", join(ROOT, ".native/bench-models/gemma4-mini-4bit")));
+if (!existsSync(model)) throw new Error(`no model at ${model} (bash tools/bench/make-bench-model.sh)`);
+const N = Number(arg("tokens", "64"));
+const REPS = Number(arg("reps", "5"));
+
+using engine = Engine.load(model, { kv: "bf16" });
+const { tokenizer, template } = engine.loaded;
+const prompt = template!.apply(tokenizer, [{ role: "user", content: "Hello world! What is the capital of France? Write a short poem about the sea and the sky." }], { addGenerationPrompt: true });
+
+function prefilled(): { caches: ReturnType<Engine["makeCaches"]>; seq: Sequence; tok: MlxArray } {
+  const caches = engine.makeCaches();
+  const seq = new Sequence({ promptIds: prompt, maxTokens: N + 2 }, tokenizer);
+  using x = MlxArray.fromNumbers(prompt, [1, prompt.length], "int32");
+  using logits = engine.forward(x, caches);
+  using row = mx.index(logits, ":", -1, ":");
+  const p = seq.pick(row);
+  p.logprobs.dispose();
+  evaluate(p.token);
+  return { caches, seq, tok: p.token };
+}
+function step(seq: Sequence, tok: MlxArray, caches: ReturnType<Engine["makeCaches"]>) {
+  using t32 = mx.astype(tok, "int32");
+  using x = mx.reshape(t32, [1, 1]);
+  using logits = engine.forward(x, caches);
+  using row = mx.index(logits, ":", -1, ":");
+  return seq.pick(row);
+}
+const done = (s: ReturnType<typeof prefilled>) => {
+  s.tok.dispose();
+  for (const c of s.caches) c.dispose();
+  s.seq.dispose();
+};
+
+const variants: Record<string, () => Promise<number>> = {
+  "a. unpipelined build + eval": async () => {
+    const s = prefilled();
+    const t0 = performance.now();
+    for (let i = 0; i < N; i++) {
+      const p = step(s.seq, s.tok, s.caches);
+      evaluate(p.token, p.logprobs);
+      s.tok.dispose();
+      p.logprobs.dispose();
+      s.tok = p.token;
+    }
+    const t = performance.now() - t0;
+    done(s);
+    return t / N;
+  },
+  "b. (a) + item()": async () => {
+    const s = prefilled();
+    const t0 = performance.now();
+    for (let i = 0; i < N; i++) {
+      const p = step(s.seq, s.tok, s.caches);
+      evaluate(p.token, p.logprobs);
+      p.token.item();
+      s.tok.dispose();
+      p.logprobs.dispose();
+      s.tok = p.token;
+    }
+    const t = performance.now() - t0;
+    done(s);
+    return t / N;
+  },
+  "c. pipelined, bare": async () => {
+    const s = prefilled();
+    const t0 = performance.now();
+    let cur = step(s.seq, s.tok, s.caches);
+    asyncEval(cur.token, cur.logprobs);
+    for (let i = 0; i < N; i++) {
+      const next = step(s.seq, cur.token, s.caches);
+      asyncEval(next.token, next.logprobs);
+      cur.token.item();
+      cur.token.dispose();
+      cur.logprobs.dispose();
+      cur = next;
+    }
+    cur.token.item();
+    const t = performance.now() - t0;
+    cur.token.dispose();
+    cur.logprobs.dispose();
+    done(s);
+    return t / N;
+  },
+  "c2. pipelined, read with toTypedArray()": async () => {
+    // toTypedArray() waits on the array's own event (mlxb_array_host_view); item() enqueues an
+    // astype(float64) on the CPU stream, behind the step already scheduled.
+    const s = prefilled();
+    const t0 = performance.now();
+    let cur = step(s.seq, s.tok, s.caches);
+    asyncEval(cur.token, cur.logprobs);
+    for (let i = 0; i < N; i++) {
+      const next = step(s.seq, cur.token, s.caches);
+      asyncEval(next.token, next.logprobs);
+      void cur.token.toTypedArray()[0];
+      cur.token.dispose();
+      cur.logprobs.dispose();
+      cur = next;
+    }
+    cur.token.item();
+    const t = performance.now() - t0;
+    cur.token.dispose();
+    cur.logprobs.dispose();
+    done(s);
+    return t / N;
+  },
+  "d. (c) + Sequence.accept + setImmediate": async () => {
+    const s = prefilled();
+    const t0 = performance.now();
+    let cur = step(s.seq, s.tok, s.caches);
+    asyncEval(cur.token, cur.logprobs);
+    for (let i = 0; i < N; i++) {
+      await new Promise((r) => setImmediate(r));
+      const next = step(s.seq, cur.token, s.caches);
+      asyncEval(next.token, next.logprobs);
+      s.seq.accept(cur);
+      cur.token.dispose();
+      cur.logprobs.dispose();
+      cur = next;
+    }
+    cur.token.item();
+    const t = performance.now() - t0;
+    cur.token.dispose();
+    cur.logprobs.dispose();
+    done(s);
+    return t / N;
+  },
+  "e. Engine.generate (for await)": async () => {
+    const st = engine.generate({ promptIds: prompt, maxTokens: N + 1 });
+    let t0 = 0;
+    for await (const _ of st) if (!t0) t0 = performance.now();
+    return (performance.now() - t0) / N;
+  },
+  "f. Scheduler, one request": async () => {
+    const sched = new Scheduler(engine, { maxBatch: 16 });
+    const st = sched.submit({ promptIds: prompt, maxTokens: N + 1 });
+    let t0 = 0;
+    for await (const _ of st) if (!t0) t0 = performance.now();
+    const t = (performance.now() - t0) / N;
+    await sched.close();
+    return t;
+  },
+};
+
+const res: Record<string, number[]> = {};
+for (const k of Object.keys(variants)) await variants[k]!(); // warm-up
+for (let r = 0; r < REPS; r++) {
+  const keys = Object.keys(variants);
+  for (const k of r % 2 ? keys.reverse() : keys) (res[k] ??= []).push(await variants[k]!());
+  process.stderr.write(`\r[decode-profile] rep ${r + 1}/${REPS}`);
+}
+process.stderr.write("\n");
+const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
+console.log(`decode profile: ${model.split("/").at(-1)}, ${prompt.length}-token prompt, ${N} tokens, ${REPS} reps (ms per token, min / median)`);
+for (const [k, xs] of Object.entries(res)) console.log(`${k.padEnd(42)} ${Math.min(...xs).toFixed(2).padStart(7)} / ${med(xs).toFixed(2).padStart(7)}`);
