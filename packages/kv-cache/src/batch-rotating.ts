@@ -5,7 +5,7 @@ import { checkPlanesMatch, describeCache, justifyRows, type PrepareOptions, read
 import { checkKv, type KvCodec, plainCodec } from "./codec.ts";
 import { makeState } from "./growable.ts";
 import { createCausalMask } from "./mask.ts";
-import { catTokens, disposeAll, PlaneLayout, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
+import { catTokens, disposeAll, PlaneLayout, replaceAll, tokens, writeTokens, growTokens } from "./planes.ts";
 import { RotatingKVCache } from "./rotating.ts";
 import { catRows, checkInts, compactRow, int32Vector, leftPaddedRow, rollRows, rowOf, takeRows } from "./rows.ts";
 import { type Cache, type CacheState, type KvView, type Mask, fail, checkTrim } from "./types.ts";
@@ -138,12 +138,7 @@ export class BatchRotatingKVCache extends PlaneLayout implements Cache {
     if (!this._planes || (prev >= this.capacity && this.capacity < this.maxSize)) {
       const size = Math.min(BatchRotatingKVCache.step, this.maxSize - prev);
       if (size <= 0) fail(`BatchRotatingKVCache: cannot grow the ring at offset ${prev} (maxSize ${this.maxSize})`);
-      if (this._planes) {
-        replaceAll(this._planes, (p) => {
-          using z = zerosTokens(p, size);
-          return catTokens([p, z]);
-        });
-      } else this._planes = enc.map((e) => zerosTokens(e, size));
+      this._planes = growTokens(this._planes, enc, size);
       this.#idx = prev;
     }
     const planes = this._planes;

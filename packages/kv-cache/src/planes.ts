@@ -76,6 +76,16 @@ export abstract class PlaneLayout implements Disposable {
   }
 }
 
+/** Append `size` zero tokens to every plane, or start planes of `size` zero tokens shaped like `enc`. */
+export function growTokens(planes: MlxArray[] | null, enc: readonly MlxArray[], size: number): MlxArray[] {
+  if (!planes) return enc.map((e) => zerosTokens(e, size));
+  replaceAll(planes, (p) => {
+    using z = zerosTokens(p, size);
+    return catTokens([p, z]);
+  });
+  return planes;
+}
+
 /**
  * mlx-lm's KVCache growth and write, over planes: when `prev + L` passes the capacity, trim to
  * `prev` if it is not a multiple of `step`, then append zeros for ceil(L / step) steps; then
@@ -84,14 +94,8 @@ export abstract class PlaneLayout implements Disposable {
 export function appendGrowing(planes: MlxArray[] | null, enc: readonly MlxArray[], prev: number, step: number): MlxArray[] {
   const n = enc[0]!.shape[2]!;
   if (!planes || prev + n > planes[0]!.shape[2]!) {
-    const grow = Math.ceil(n / step) * step;
-    if (planes) {
-      if (prev % step !== 0) replaceAll(planes, (p) => tokens(p, 0, prev));
-      replaceAll(planes, (p) => {
-        using z = zerosTokens(p, grow);
-        return catTokens([p, z]);
-      });
-    } else planes = enc.map((e) => zerosTokens(e, grow));
+    if (planes && prev % step !== 0) replaceAll(planes, (p) => tokens(p, 0, prev));
+    planes = growTokens(planes, enc, Math.ceil(n / step) * step);
   }
   replaceAll(planes, (p, i) => writeTokens(p, enc[i]!, prev));
   return planes;

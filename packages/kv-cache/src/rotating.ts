@@ -4,7 +4,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { type KvCodec, plainCodec } from "./codec.ts";
 import { makeState } from "./growable.ts";
 import { createCausalMask } from "./mask.ts";
-import { catTokens, disposeAll, PlaneLayout, replaceAll, tokens, writeTokens, zerosTokens } from "./planes.ts";
+import { catTokens, disposeAll, PlaneLayout, replaceAll, tokens, writeTokens, growTokens } from "./planes.ts";
 import { type Cache, type CacheState, type KvView, type Mask, fail, checkTrim } from "./types.ts";
 
 /**
@@ -84,12 +84,7 @@ export class RotatingKVCache extends PlaneLayout implements Cache {
     const prev = this.#offset;
     if (!this._planes || (prev >= this.#cap() && this.#cap() < this.maxSize)) {
       const size = Math.min(RotatingKVCache.step, this.maxSize - prev);
-      if (this._planes) {
-        replaceAll(this._planes, (p) => {
-          using z = zerosTokens(p, size);
-          return catTokens([p, z]);
-        });
-      } else this._planes = enc.map((e) => zerosTokens(e, size));
+      this._planes = growTokens(this._planes, enc, size);
       this.#idx = prev;
     }
     const planes = this._planes;

@@ -9,12 +9,7 @@ MLXB_API mlxb_array mlxb_array_from_bytes(const void* data, size_t nbytes, const
   MLXB_GUARD(nullptr, {
     auto dt = dtype_from_code(dtype);
     auto sh = shape_from(shape, ndim);
-    size_t count = 1;
-    for (auto d : sh) {
-      if (d < 0) throw std::invalid_argument("negative dimension in shape");
-      count *= static_cast<size_t>(d);
-    }
-    size_t want = count * dt.size();
+    size_t want = dense_nbytes(sh, dt);
     if (want != nbytes)
       throw std::invalid_argument("buffer holds " + std::to_string(nbytes) + " bytes but shape and dtype need " +
                                   std::to_string(want));

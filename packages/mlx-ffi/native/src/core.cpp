@@ -42,6 +42,15 @@ mx::Shape shape_from(const int32_t* shape, int ndim) {
   return mx::Shape(shape, shape + ndim);
 }
 
+size_t dense_nbytes(const mx::Shape& shape, mx::Dtype dt) {
+  size_t count = 1;
+  for (auto d : shape) {
+    if (d < 0) throw std::invalid_argument("negative dimension in shape");
+    count *= static_cast<size_t>(d);
+  }
+  return count * dt.size();
+}
+
 mx::StreamOrDevice stream_of(mlxb_stream s) {
   if (!s) return {};
   return *static_cast<mx::Stream*>(s);

@@ -25,6 +25,8 @@ inline mlxb_array wrap(mx::array a) {
 mx::Dtype dtype_from_code(int code);
 int dtype_code(mx::Dtype d);
 mx::Shape shape_from(const int32_t* shape, int ndim);
+// Bytes of a dense array of this shape and dtype; a negative dimension is an error.
+size_t dense_nbytes(const mx::Shape& shape, mx::Dtype dt);
 mx::StreamOrDevice stream_of(mlxb_stream s);
 }  // namespace mlxb
 

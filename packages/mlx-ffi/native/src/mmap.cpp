@@ -101,12 +101,7 @@ MLXB_API mlxb_array mlxb_mmap_array(void* h, uint64_t offset, const int32_t* sha
     MapRef m = mapping(h);
     auto dt = dtype_from_code(dtype);
     auto sh = shape_from(shape, ndim);
-    size_t count = 1;
-    for (auto d : sh) {
-      if (d < 0) throw std::invalid_argument("negative dimension in shape");
-      count *= static_cast<size_t>(d);
-    }
-    size_t nbytes = count * dt.size();
+    size_t nbytes = dense_nbytes(sh, dt);
     if (offset > m->size || nbytes > m->size - offset)
       throw std::out_of_range("byte range [" + std::to_string(offset) + ", " + std::to_string(offset + nbytes) +
                               ") is past the end of the mapping (" + std::to_string(m->size) + " bytes)");
