@@ -20,6 +20,9 @@ log() { echo "[h200 +${SECONDS}s] $*"; }
 log "python $("$PY" -V 2>&1), site $SITE, $(nproc) cores"
 bash tools/bench/device/unpack.sh /tmp/st "$SITE" || { log "unpack failed"; exit 1; }
 export LD_LIBRARY_PATH="$MLXLIB" MLX_BUN_NATIVE="$root/.native/device/libmlxb.so" MLX_BUN_PYTHON="$PY" PYTHONUNBUFFERED=1
+# One on-disk PTX cache for every process of the run: MLX's CUDA backend JIT-compiles its kernels
+# with NVRTC per process otherwise (a minute of warm-up each for the bench, each server, each check).
+export MLX_PTX_CACHE_DIR="${MLX_PTX_CACHE_DIR:-/tmp/mlx-ptx-cache}"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 "$PY" -c "import mlx.core as mx; print('python mlx', mx.__version__, mx.default_device(), (mx.ones(4) + 1).tolist())" || { log "MLX (CUDA) does not import"; exit 1; }
 if ! .native/bin/bun tools/bench/device/smoke.ts; then
@@ -37,6 +40,18 @@ fi
 log "writing the $SIZE checkpoint"
 model=".native/bench-models/gemma4-$SIZE-4bit"
 "$PY" tools/bench/make_bench_model.py --size "$SIZE" --out "$model" --rng mlx || { log "model failed"; exit 1; }
+if [ -n "${CHECKS:-}" ]; then
+  # Logits against mlx-lm on CUDA (tools/bench/device/logits-check.ts): tiny variants, then the 1B.
+  for v in $CHECKS; do
+    case "$v" in
+      1b) d="$model" ;;
+      *) d="/tmp/tiny-$v"; "$PY" tools/make-tiny-model/make_tiny_model.py --out "$d" --variant "${v%%-*}" $([ "${v#*-}" = 4bit ] && echo --quant 4bit) >/dev/null || continue ;;
+    esac
+    log "logits check $v"
+    timeout 240 .native/bin/bun tools/bench/device/logits-check.ts --model "$d" --steps "${CHECK_STEPS:-24}" 2>&1 | tee -a "$OUT/logits-check.jsonl"
+  done
+fi
+[ -n "${NO_COMPARE:-}" ] && { log "done (no compare)"; exit 0; }
 left=$((${DEADLINE:-570} - SECONDS))
 log "compare.ts (${left}s left)"
 # Options given to this script come first: compare.ts takes the first occurrence of a flag.

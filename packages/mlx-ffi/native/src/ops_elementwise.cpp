@@ -103,16 +103,38 @@ mx::array weak_int(const mx::array& x, int64_t v) {
 
 // mlx.nn activations: the same ops, operands and dtypes as mlx/nn/layers/activations.py,
 // one FFI crossing each. Tests compare them bit-for-bit with mlx.nn.
+//
+// mlx.nn wraps each of these in mx.compile(shapeless=True), so on the default stream we call a
+// compiled function of the same ops too: the graph (one Compiled primitive, fused on GPUs) is
+// then the one mlx-lm builds, which matters for speed and for bit-equality on CUDA. On an
+// explicit stream the plain composition runs (compiled functions take the default stream).
+#define MLXB_UNARY_NN(name, expr)                                                     \
+  static std::vector<mx::array> name##_nn(const std::vector<mx::array>& in) {         \
+    const mx::array& x = in[0];                                                       \
+    mx::StreamOrDevice st = {};                                                       \
+    return {expr};                                                                    \
+  }                                                                                   \
+  MLXB_API mlxb_array mlxb_##name(mlxb_array a, mlxb_stream s) {                      \
+    MLXB_GUARD(nullptr, {                                                             \
+      auto& x = mlxb::arr(a);                                                         \
+      if (!s) {                                                                       \
+        static const auto compiled = mx::compile(name##_nn, /* shapeless */ true);    \
+        return mlxb::wrap(compiled({x})[0]);                                          \
+      }                                                                               \
+      auto st = mlxb::stream_of(s);                                                   \
+      return mlxb::wrap(expr);                                                        \
+    })                                                                                \
+  }
 
 // gelu: x * (1 + mx.erf(x / math.sqrt(2))) / 2
-MLXB_UNARY(gelu, ([&] {
+MLXB_UNARY_NN(gelu, ([&] {
              auto t = mx::erf(mx::divide(x, weak_float(x, std::sqrt(2.0)), st), st);
              auto u = mx::multiply(x, mx::add(weak_int(x, 1), t, st), st);
              return mx::divide(u, weak_int(x, 2), st);
            }()))
 
 // gelu_approx: 0.5 * x * (1 + mx.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-MLXB_UNARY(gelu_approx, ([&] {
+MLXB_UNARY_NN(gelu_approx, ([&] {
              auto cube = mx::power(x, weak_int(x, 3), st);
              auto inner = mx::add(x, mx::multiply(weak_float(x, 0.044715), cube, st), st);
              auto th = mx::tanh(mx::multiply(weak_float(x, std::sqrt(2.0 / M_PI)), inner, st), st);
@@ -121,13 +143,13 @@ MLXB_UNARY(gelu_approx, ([&] {
            }()))
 
 // gelu_fast_approx: x * mx.sigmoid(1.702 * x)
-MLXB_UNARY(gelu_fast_approx, mx::multiply(x, mx::sigmoid(mx::multiply(weak_float(x, 1.702), x, st), st), st))
+MLXB_UNARY_NN(gelu_fast_approx, mx::multiply(x, mx::sigmoid(mx::multiply(weak_float(x, 1.702), x, st), st), st))
 
 // silu: x * mx.sigmoid(x)
-MLXB_UNARY(silu, mx::multiply(x, mx::sigmoid(x, st), st))
+MLXB_UNARY_NN(silu, mx::multiply(x, mx::sigmoid(x, st), st))
 
 // softplus: mx.logaddexp(x, 0)
-MLXB_UNARY(softplus, mx::logaddexp(x, weak_int(x, 0), st))
+MLXB_UNARY_NN(softplus, mx::logaddexp(x, weak_int(x, 0), st))
 
 // relu: mx.maximum(x, 0)
-MLXB_UNARY(relu, mx::maximum(x, weak_int(x, 0), st))
+MLXB_UNARY_NN(relu, mx::maximum(x, weak_int(x, 0), st))

@@ -6,6 +6,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, createCausalMask, type KvView, type Mask, plainCodec } from "@mlx-bun/kv-cache";
 import type { LayerSpec, LayerType } from "../config.ts";
 import { WeightsError } from "../errors.ts";
+import { geglu, logitSoftcap } from "./compiled.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights, switchLinear } from "./nn.ts";
 import { Scope } from "./scope.ts";
 
@@ -34,6 +35,8 @@ export interface LayerWeights {
     postFf1: MlxArray;
     postFf2: MlxArray;
     preFf2: MlxArray;
+    /** Tensor parallel: each rank holds a slice of every expert's columns; sums the partial outputs. */
+    reduce?: (partial: MlxArray) => MlxArray;
   };
   ple?: { gate: ModuleWeights; proj: ModuleWeights; norm: MlxArray };
   layerScalar: MlxArray;
@@ -155,8 +158,7 @@ export function attentionShared(lw: LayerWeights, x: MlxArray, mask: Mask, donor
 function mlp(lw: LayerWeights, x: MlxArray, s: Scope): MlxArray {
   const g = s.t(linear(lw.gate, x));
   const u = s.t(linear(lw.up, x));
-  const act = s.t(mx.gelu_approx(g));
-  const prod = s.t(mx.multiply(act, u));
+  const prod = s.t(geglu(g, u));
   return linear(lw.down, prod);
 }
 
@@ -220,8 +222,7 @@ function experts(lw: LayerWeights, x: MlxArray, indices: MlxArray, weights: MlxA
   }
   const up = s.t(switchLinear(m.up, xe, idx, doSort));
   const gate = s.t(switchLinear(m.gate, xe, idx, doSort));
-  const act = s.t(mx.gelu_approx(gate));
-  const glu = s.t(mx.multiply(act, up));
+  const glu = s.t(geglu(gate, up));
   let y = s.t(switchLinear(m.down, glu, idx, doSort));
   if (doSort) {
     const un = s.t(mx.index(y, inv!));
@@ -229,7 +230,8 @@ function experts(lw: LayerWeights, x: MlxArray, indices: MlxArray, weights: MlxA
   }
   const ys = s.t(mx.squeeze(y, -2));
   const wy = s.t(mx.multiply(we, ys));
-  return mx.sum(wy, -2);
+  if (!m.reduce) return mx.sum(wy, -2);
+  return m.reduce(s.t(mx.sum(wy, -2)));
 }
 
 /** Per-layer input gating (2B/4B models). */
@@ -254,9 +256,7 @@ export function finalLogits(m: ModelParts, c: ModelConsts, h: MlxArray, s: Scope
   const logits = m.tied ? embedAsLinear(m.embed, normed) : linear(m.lmHead, normed);
   if (c.softcap === null) return logits;
   s.t(logits);
-  const scaled = s.t(mx.divide(logits, c.softcap));
-  const th = s.t(mx.tanh(scaled));
-  return mx.multiply(th, c.softcap);
+  return logitSoftcap(c.softcap, logits);
 }
 
 /** Free the per-step shared views and position arrays. */
