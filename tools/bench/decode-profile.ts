@@ -10,7 +10,7 @@
 import { existsSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
-import { asyncEval, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
+import { asyncEval, evaluate, MlxArray, Stream, withStream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { Engine, Scheduler, Sequence } from "@mlx-bun/runtime";
 
@@ -89,6 +89,27 @@ const variants: Record<string, () => Promise<number>> = {
     asyncEval(cur.token, cur.logprobs);
     for (let i = 0; i < N; i++) {
       const next = step(s.seq, cur.token, s.caches);
+      asyncEval(next.token, next.logprobs);
+      cur.token.item();
+      cur.token.dispose();
+      cur.logprobs.dispose();
+      cur = next;
+    }
+    cur.token.item();
+    const t = performance.now() - t0;
+    cur.token.dispose();
+    cur.logprobs.dispose();
+    done(s);
+    return t / N;
+  },
+  "c3. (c) on a stream of its own (mlx-lm's generation_stream)": async () => {
+    const s = prefilled();
+    using gen = Stream.create();
+    const t0 = performance.now();
+    let cur = withStream(gen, () => step(s.seq, s.tok, s.caches));
+    asyncEval(cur.token, cur.logprobs);
+    for (let i = 0; i < N; i++) {
+      const next = withStream(gen, () => step(s.seq, cur.token, s.caches));
       asyncEval(next.token, next.logprobs);
       cur.token.item();
       cur.token.dispose();

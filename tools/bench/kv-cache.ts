@@ -1,13 +1,15 @@
 // KV-cache modes side by side: stored bytes per token and decode attention time (one query
 // token over a context of 1k / 8k / 32k tokens), each as a ratio to bf16. Modes are
-// interleaved within every repetition so machine drift hits all alike.
+// interleaved within every repetition so machine drift hits all alike. Quantized modes take the
+// fused decode kernels where a GPU backend is live (column "attention"); --unfused adds each
+// quantized mode again on the unfused path (MLX_BUN_KERNELS=reference for that call), to compare.
 //
-//   .native/bin/bun tools/bench/kv-cache.ts [--reps 7] [--contexts 1024,8192,32768] [--json out.json]
-import { writeFileSync } from "node:fs";
+//   .native/bin/bun tools/bench/kv-cache.ts [--reps 7] [--contexts 1024,8192,32768] [--unfused] [--json out.json]
+import { renameSync, writeFileSync } from "node:fs";
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
-import { memory } from "@mlx-bun/mlx-ffi";
+import { defaultDevice, memory } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { type Cache, KVCache, affineCodec, turboQuantCodec, type KvCodec, plainCodec } from "@mlx-bun/kv-cache";
+import { type Cache, KVCache, affineCodec, affineDecodeKernel, turboQuantCodec, type KvCodec, plainCodec } from "@mlx-bun/kv-cache";
 
 const argv = process.argv;
 const opt = (name: string, def: string): string => {
@@ -17,19 +19,29 @@ const opt = (name: string, def: string): string => {
 const REPS = Number(opt("reps", "7"));
 const CONTEXTS = opt("contexts", "1024,8192,32768").split(",").map(Number);
 const JSON_OUT = opt("json", "");
+const UNFUSED = argv.includes("--unfused");
+const backend = mx.kernels.gpu_backend();
+const fusedLive = affineDecodeKernel.path() !== "reference";
 // A Gemma-4-like attention layer: 8 query heads over 2 KV heads of dim 256.
 const HQ = 8;
 const HKV = 2;
 const D = 256;
 
-const MODES: [string, () => KvCodec][] = [
-  ["bf16", () => plainCodec],
+const QUANT_MODES: [string, () => KvCodec][] = [
   ["q8", () => affineCodec(8, 64)],
   ["q4", () => affineCodec(4, 64)],
   ["turbo:8,4", () => turboQuantCodec({ kBits: 8, vBits: 4 })],
   ["turbo:4,3", () => turboQuantCodec({ kBits: 4, vBits: 3 })],
   ["turbo:4,2", () => turboQuantCodec({ kBits: 4, vBits: 2 })],
 ];
+const MODES: [string, () => KvCodec][] = [
+  ["bf16", () => plainCodec],
+  ...QUANT_MODES,
+  ...(UNFUSED && fusedLive ? QUANT_MODES.map(([n, f]): [string, () => KvCodec] => [`${n} unfused`, f]) : []),
+];
+/** Which attention path a mode's decode step takes here. */
+const pathOf = (mode: string): string =>
+  mode === "bf16" ? "fast SDPA" : fusedLive && !mode.endsWith("unfused") ? `fused kernels (${backend})` : "unfused";
 
 function rand(shape: number[], seed: number): MlxArray {
   using key = mx.random.key(seed);
@@ -72,10 +84,13 @@ for (const ctx of CONTEXTS) {
       // One decode step: append a token, attend over the whole context.
       using view = c.updateAndFetch(k1, k1);
       for (const p of view.planes) p.eval();
+      const unfused = name.endsWith("unfused");
+      if (unfused) process.env.MLX_BUN_KERNELS = "reference";
       const t = performance.now();
       using out = view.attend(q, 1 / 16, null);
       out.eval();
       byMode.get(name)!.times.push(performance.now() - t);
+      if (unfused) delete process.env.MLX_BUN_KERNELS;
       c.trim(1);
       done++;
       process.stderr.write(`\r[kv-cache bench] ${done}/${total}  context ${ctx}  ${name.padEnd(10)}`);
@@ -88,17 +103,23 @@ process.stderr.write("\n");
 
 const med = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const lines = [
-  `| mode | context | bytes/token | × bf16 | decode attention ms (min / median / max) | × bf16 (median) |`,
-  `| --- | --- | --- | --- | --- | --- |`,
+  `MLX default device ${defaultDevice()}, GPU backend ${backend ?? "none"}; ${HQ} query heads over ${HKV} KV heads of dim ${D}, bf16; ${REPS} reps.`,
+  "",
+  `| mode | attention | context | bytes/token | × bf16 | decode attention ms (min / median / max) | × bf16 (median) |`,
+  `| --- | --- | --- | --- | --- | --- | --- |`,
 ];
 for (const ctx of CONTEXTS) {
   const base = rows.find((r) => r.context === ctx && r.mode === "bf16")!;
   for (const r of rows.filter((x) => x.context === ctx)) {
     const t = r.times;
     lines.push(
-      `| ${r.mode} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | ${Math.min(...t).toFixed(2)} / ${med(t).toFixed(2)} / ${Math.max(...t).toFixed(2)} | ${(med(t) / med(base.times)).toFixed(2)} |`,
+      `| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | ${Math.min(...t).toFixed(2)} / ${med(t).toFixed(2)} / ${Math.max(...t).toFixed(2)} | ${(med(t) / med(base.times)).toFixed(2)} |`,
     );
   }
 }
 console.log(lines.join("\n"));
-if (JSON_OUT) writeFileSync(JSON_OUT, JSON.stringify({ heads: { q: HQ, kv: HKV, dim: D }, reps: REPS, rows }, null, 2));
+if (JSON_OUT) {
+  const json = { gpu_backend: backend, heads: { q: HQ, kv: HKV, dim: D }, reps: REPS, rows: rows.map((r) => ({ ...r, attention: pathOf(r.mode) })) };
+  writeFileSync(`${JSON_OUT}.tmp`, JSON.stringify(json, null, 2));
+  renameSync(`${JSON_OUT}.tmp`, JSON_OUT);
+}

@@ -1,20 +1,52 @@
 """Try the CUDA sources exported by tools/kernels/export-sources.ts on a CUDA machine.
 
-Usage: python check_cuda_kernels.py kernel-sources.json   (needs mlx + mlx-cuda-13)
+Usage: python check_cuda_kernels.py kernel-sources.json [--only NAME] [--emulate]
+  (needs mlx + mlx-cuda-13; with --emulate: mlx (CPU) + g++ ≥ 12, no GPU)
 
 Each kernel's CUDA body runs through mx.fast.cuda_kernel on the cases below and is compared with
 its reference composition (as in the kernels' TypeScript `reference` functions) evaluated on
 float32 copies of the inputs and rounded to the dtype (the sources compute in float32 and round
-once), within the tolerances of the TypeScript kernel tests.
+once), within the tolerances of the TypeScript kernel tests. The decode-attention kernels are
+also run end to end (pass 1 then pass 2) against float32 attention over the decoded planes.
+
+--emulate compiles each body with g++ inside the signature MLX's cuda_kernel generates, on top
+of tools/kernels/cuda_emu.h (threads as std::threads, warp shuffles through a barrier), and runs
+it on the CPU: it checks a body's arithmetic, indexing and control flow where there is no GPU,
+not NVRTC's acceptance of it nor its speed.
 """
+import hashlib
 import json
 import math
+import os
+import subprocess
 import sys
+import tempfile
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 TOL = {mx.float32: (1e-6, 1e-5), mx.bfloat16: (1e-6, 2**-7), mx.float16: (1e-6, 2**-10)}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Sliced:
+    """The first `t` tokens (axis 2) of a buffer with room for more: a strided view, as the
+    cache's fetched planes are (the decode kernels read them through their strides)."""
+
+    def __init__(self, full, t):
+        self.full, self.t = full, t
+
+    @property
+    def mx(self):
+        return self.full[:, :, : self.t]
+
+
+def as_mx(a):
+    return a.mx if isinstance(a, Sliced) else a
+
+
+# ----------------------------------------------------------------------------- geglu, turbo_values
 
 
 def geglu_cases():
@@ -24,7 +56,7 @@ def geglu_cases():
             g, u = (mx.random.normal(shape).astype(dt) for _ in range(2))
             ref = (nn.gelu_approx(g.astype(mx.float32)) * u.astype(mx.float32)).astype(dt)
             yield f"{dt} {shape}", dict(inputs=[g, u], template=[("T", dt)], grid=(g.size, 1, 1),
-                                         threadgroup=(256, 1, 1), output_shapes=[shape], output_dtypes=[dt]), ref, tol
+                                         threadgroup=(256, 1, 1), output_shapes=[shape], output_dtypes=[dt]), [ref], [tol]
 
 
 def unpack_bits(packed, bits, dim):
@@ -48,30 +80,343 @@ def turbo_values_cases():
                 yield f"{dt} {bits}-bit {lead}x{dim}", dict(
                     inputs=[packed, scale, centroids], template=[("T", dt), ("BITS", bits), ("DIM", dim)],
                     grid=(math.prod(lead) * dim, 1, 1), threadgroup=(256, 1, 1),
-                    output_shapes=[(*lead, dim)], output_dtypes=[dt]), ref, (0.0, 0.0)
+                    output_shapes=[(*lead, dim)], output_dtypes=[dt]), [ref], [(0.0, 0.0)]
+
+
+# ----------------------------------------------------------------------------- decode attention
+# Mirrors packages/kv-cache/src/kernels/decode-plan.ts (decodePlan, partialsLaunch).
+WARPS, MAX_WARPS, LANE_FLOATS = 4, 1024, 32
+
+
+def plan(b, hq, hkv, dk, dv, t):
+    n_rep = hq // hkv
+    per = max(dk, dv) // 32
+    reps = next(r for r in range(n_rep, 0, -1) if n_rep % r == 0 and r * per <= LANE_FLOATS)
+    rows = b * hkv * (n_rep // reps)
+    tpw = 32
+    while rows * math.ceil(t / tpw) > MAX_WARPS and tpw < t:
+        tpw *= 2
+    return dict(b=b, hq=hq, hkv=hkv, n_rep=n_rep, dk=dk, dv=dv, t=t, reps=reps, tpw=tpw, parts=math.ceil(t / tpw))
+
+
+def partials_launch(p, mask, extra, dt):
+    rows = p["b"] * p["hq"]
+    warps = math.ceil(p["parts"] / WARPS) * WARPS
+    return dict(
+        grid=(warps * 32, p["b"] * p["hkv"], p["n_rep"] // p["reps"]), threadgroup=(WARPS * 32, 1, 1),
+        output_shapes=[(rows, p["parts"], p["dv"]), (rows, p["parts"]), (rows, p["parts"])],
+        output_dtypes=[mx.float32] * 3,
+        template=[("T", dt), ("DK", p["dk"]), ("DV", p["dv"]), ("NREP", p["n_rep"]), ("REPS", p["reps"]),
+                  ("TPW", p["tpw"]), ("MASK_MODE", 1 if mask.dtype == mx.bool_ else 2), *extra])
+
+
+def ref_partials(p, qs, keys, values, mask):
+    """decode-plan.ts referencePartials: per run of tpw tokens (o, m, l) in float32."""
+    B, H, R, P, tpw, T, dv = p["b"], p["hkv"], p["n_rep"], p["parts"], p["tpw"], p["t"], p["dv"]
+    pad = P * tpw - T
+    s = qs.astype(mx.float32).reshape(B, H, R, p["dk"]) @ keys.swapaxes(-1, -2)
+    s = mx.where(mask, s, -3.4028234663852886e38) if mask.dtype == mx.bool_ else s + mask.astype(mx.float32)
+    s = mx.pad(s, [(0, 0), (0, 0), (0, 0), (0, pad)], constant_values=-math.inf).reshape(B, H, R, P, tpw)
+    m = s.max(-1, keepdims=True)
+    e = mx.where(s == -math.inf, 0.0, mx.exp(s - m))
+    v5 = mx.pad(values, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(B, H, P, tpw, dv)
+    o = (e.transpose(0, 1, 3, 2, 4) @ v5).transpose(0, 1, 3, 2, 4)
+    return [o.reshape(B * H * R, P, dv), m.reshape(B * H * R, P), e.sum(-1).reshape(B * H * R, P)]
+
+
+def ref_combine(po, pm, pl, b, hq, dt):
+    top = pm.max(-1, keepdims=True)
+    w = mx.where(pm == -math.inf, 0.0, mx.exp(pm - top))
+    out = (po * w[..., None]).sum(1) / (w * pl).sum(-1, keepdims=True)
+    return out.astype(dt).reshape(b, hq, 1, po.shape[2])
+
+
+def combine_launch(p, dt):
+    return dict(grid=(p["dv"], p["b"] * p["hq"], 1), threadgroup=(min(p["dv"], 256), 1, 1),
+                output_shapes=[(p["b"], p["hq"], 1, p["dv"])], output_dtypes=[dt], template=[("T", dt), ("DV", p["dv"])])
+
+
+def decode_mask(kind, b, t, dt):
+    """[B, 1, 1, T] as the batched caches make it (row i hides its first 3i tokens), or one `true`."""
+    if kind == "none":
+        return mx.ones((1, 1, 1, 1), dtype=mx.bool_)
+    vis = mx.arange(t)[None, :] >= mx.minimum(3 * mx.arange(b), t - 1)[:, None]
+    vis = vis.reshape(b, 1, 1, t)
+    return vis if kind == "bool" else mx.where(vis, 0.0, -1e9).astype(dt)
+
+
+def sdpa_truth(qs, keys, values, mask):
+    m = mask if mask.dtype == mx.bool_ else mask.astype(mx.float32)
+    if m.size == 1:
+        m = None
+    return mx.fast.scaled_dot_product_attention(qs.astype(mx.float32), keys, values, scale=1.0, mask=m)
+
+
+# (b, hq, hkv, d, t, mask): head dims 64/128/256(/512 TurboQuant), GQA 1/2/4/8, contexts
+# below, at and past run lengths (1, 31, 33, 300, 1000, 1100, 4097, 4100: 32 / 64 / 256 tokens
+# per warp, last run partial), every mask kind. BIG runs one bit width only (slow to emulate).
+DECODE_SHAPES = [
+    (1, 4, 4, 64, 1, "none"), (2, 8, 2, 128, 33, "bool"), (1, 8, 1, 256, 300, "additive"),
+    (4, 8, 8, 64, 1100, "bool"), (1, 16, 2, 128, 4097, "none"), (3, 4, 2, 256, 31, "additive"),
+    (1, 8, 2, 256, 1000, "none"),
+]
+BIG = (4, 8, 8, 64, 4100, "additive")
+PASS1_TOL = (1e-4, 1e-4)  # (atol × max|ref|, rtol): the same float32 math summed in another order
+
+
+def decode_inputs(shape, dt, seed):
+    b, hq, hkv, d, t, kind = shape
+    mx.random.seed(seed)
+    cap = t + 7  # the planes are slices of longer buffers
+    k = mx.random.normal((b, hkv, cap, d)).astype(dt)
+    v = mx.random.normal((b, hkv, cap, d)).astype(dt)
+    qs = (mx.random.normal((b, hq, 1, d)) * 0.125).astype(dt)
+    return k, v, qs, decode_mask(kind, b, t, dt)
+
+
+def affine_cases():
+    for dt in (mx.bfloat16, mx.float16, mx.float32):
+        for i, shape in enumerate(DECODE_SHAPES + [BIG]):
+            for bits, group in [(4, 64), (8, 32), (4, 128), (2, 64), (8, 64)]:
+                if shape == BIG and (bits, group) != (4, 64):
+                    continue
+                if shape[3] % group or ((i + bits + group) % 3 and shape[3] != 64):
+                    continue  # a spread of (bits, group) per shape, not the full product
+                b, hq, hkv, d, t, kind = shape
+                k, v, qs, mask = decode_inputs(shape, dt, i)
+                kq = mx.quantize(k, group_size=group, bits=bits)
+                vq = mx.quantize(v, group_size=group, bits=bits)
+                deq = lambda w, s, z: mx.dequantize(w[:, :, :t], s[:, :, :t].astype(mx.float32), z[:, :, :t].astype(mx.float32),
+                                                    group_size=group, bits=bits)
+                keys, values = deq(*kq), deq(*vq)
+                p = plan(b, hq, hkv, d, d, t)
+                inputs = [qs, *(Sliced(a, t) for a in (*kq, *vq)), mask]
+                launch = dict(inputs=inputs, **partials_launch(p, mask, [("BK", bits), ("GK", group), ("BV", bits), ("GV", group)], dt))
+                yield DecodeCase(f"{dt} {bits}-bit g{group} B{b} Hq{hq}/Hkv{hkv} D{d} T{t} mask {kind} (tpw {p['tpw']})",
+                                 launch, p, qs, keys, values, mask, dt)
+
+
+def turbo_cases():
+    for dt in (mx.bfloat16, mx.float16, mx.float32):
+        for i, shape in enumerate(DECODE_SHAPES + [(1, 8, 1, 512, 300, "bool"), BIG]):
+            for k_bits, v_bits in [(8, 4), (4, 3), (4, 2), (2, 3)]:
+                if (i + k_bits + v_bits) % 2 or (shape == BIG and (k_bits, v_bits) != (4, 3)):
+                    continue
+                b, hq, hkv, d, t, kind = shape
+                k, v, qs, mask = decode_inputs(shape, dt, 100 + i)
+                kq = mx.quantize(k, group_size=32, bits=k_bits)
+                # Value planes: random codes and positive scales (the kernel only decodes them).
+                nbytes = d * v_bits // 8
+                codes = mx.random.randint(0, 256, (b, hkv, t + 7, nbytes)).astype(mx.uint8)
+                vscale = mx.random.uniform(0.1, 2.0, (b, hkv, t + 7, 1)).astype(dt)
+                centroids = mx.sort(mx.random.normal((2**v_bits,)))
+                keys = mx.dequantize(kq[0][:, :, :t], kq[1][:, :, :t].astype(mx.float32), kq[2][:, :, :t].astype(mx.float32),
+                                     group_size=32, bits=k_bits)
+                values = (centroids[unpack_bits(codes[:, :, :t], v_bits, d)] * vscale[:, :, :t].astype(mx.float32)).astype(dt).astype(mx.float32)
+                p = plan(b, hq, hkv, d, d, t)
+                inputs = [qs, *(Sliced(a, t) for a in kq), Sliced(codes, t), Sliced(vscale, t), centroids, mask]
+                launch = dict(inputs=inputs, **partials_launch(p, mask, [("BK", k_bits), ("GK", 32), ("VB", v_bits)], dt))
+                yield DecodeCase(f"{dt} k{k_bits}/v{v_bits} B{b} Hq{hq}/Hkv{hkv} D{d} T{t} mask {kind} (tpw {p['tpw']})",
+                                 launch, p, qs, keys, values, mask, dt)
+
+
+class DecodeCase:
+    def __init__(self, label, launch, p, qs, keys, values, mask, dt):
+        self.label, self.launch, self.p, self.qs, self.keys, self.values, self.mask, self.dt = label, launch, p, qs, keys, values, mask, dt
 
 
 CASES = {"mlxb_geglu": geglu_cases, "mlxb_turbo_values": turbo_values_cases}
+DECODE = {"mlxb_affine_decode_partials": affine_cases, "mlxb_turbo_decode_partials": turbo_cases}
+
+
+# ----------------------------------------------------------------------------- running a body
+
+CUDA_TYPES = {mx.float32: "float", mx.bfloat16: "__nv_bfloat16", mx.float16: "__half", mx.uint32: "uint32_t",
+              mx.uint8: "uint8_t", mx.bool_: "bool", mx.int32: "int32_t"}
+
+
+def host_bytes(a):
+    a = mx.contiguous(a)
+    if a.dtype in (mx.bfloat16, mx.float16):
+        a = a.view(mx.uint16)
+    return np.ascontiguousarray(np.array(a)).tobytes()
+
+
+class Emulated:
+    """A kernel body compiled with g++ on cuda_emu.h inside the signature MLX generates."""
+
+    cache = {}
+
+    def __init__(self, spec):
+        self.spec, self.src = spec, spec["cuda"]["source"]
+        self.ensure_contiguous = spec.get("ensure_row_contiguous", True)
+
+    def _binary(self, inputs, template, out_dtypes):
+        names, src = self.spec["input_names"], self.src
+        params = []
+        for n, a in zip(names, inputs):
+            params.append(f"const {CUDA_TYPES[a.dtype]}* {n}")
+            for suffix, ty in (("_shape", "Shape"), ("_strides", "Strides"), ("_ndim", "int")):
+                if n + suffix in src:
+                    params.append(f"const __grid_constant__ {ty} {n}{suffix}")
+        params += [f"{CUDA_TYPES[d]}* {n}" for n, d in zip(self.spec["output_names"], out_dtypes)]
+        consts = "".join(f"  using {k} = {CUDA_TYPES[v]};\n" if isinstance(v, mx.Dtype) else
+                         f"  constexpr {'bool' if isinstance(v, bool) else 'int'} {k} = {str(v).lower() if isinstance(v, bool) else v};\n"
+                         for k, v in template)
+        args, decl = [], []
+        for i, (n, a) in enumerate(zip(names, inputs)):
+            args.append(f"reinterpret_cast<const {CUDA_TYPES[a.dtype]}*>(in[{i}].data.data())")
+            for suffix, field in (("_shape", "shape"), ("_strides", "strides"), ("_ndim", "ndim")):
+                if n + suffix in src:
+                    args.append(f"in[{i}].{field}")
+        for j, d in enumerate(out_dtypes):
+            args.append(f"reinterpret_cast<{CUDA_TYPES[d]}*>(out[{j}].data())")
+        code = f"""#include "cuda_emu.h"
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+namespace mlx::core::cu {{
+namespace cg = cooperative_groups;
+__global__ void kernel({", ".join(params)}) {{
+{consts}
+{src}
+}}
+}}  // namespace mlx::core::cu
+struct In {{ std::vector<char> data; Shape shape{{}}; Strides strides{{}}; int ndim = 0; }};
+static std::vector<char> slurp(const std::string& p, size_t n) {{
+  std::vector<char> v(n); std::ifstream f(p, std::ios::binary); f.read(v.data(), (std::streamsize)n); return v;
+}}
+int main(int, char** argv) {{
+  std::ifstream m(argv[1]);
+  dim3 grid, block; m >> grid.x >> grid.y >> grid.z >> block.x >> block.y >> block.z;
+  grid.x = (grid.x + block.x - 1) / block.x; grid.y = (grid.y + block.y - 1) / block.y; grid.z = (grid.z + block.z - 1) / block.z;
+  std::vector<In> in({len(inputs)});
+  for (auto& x : in) {{
+    size_t n; std::string path; m >> x.ndim;
+    for (int d = 0; d < x.ndim; ++d) m >> x.shape[d];
+    for (int d = 0; d < x.ndim; ++d) m >> x.strides[d];
+    m >> n >> path; x.data = slurp(path, n);
+  }}
+  std::vector<std::vector<char>> out({len(out_dtypes)});
+  std::vector<std::string> paths(out.size());
+  for (size_t j = 0; j < out.size(); ++j) {{ size_t n; m >> n >> paths[j]; out[j].assign(n, 0); }}
+  emu_launch(grid, block, [&] {{ mlx::core::cu::kernel({", ".join(args)}); }});
+  for (size_t j = 0; j < out.size(); ++j) {{ std::ofstream f(paths[j], std::ios::binary); f.write(out[j].data(), (std::streamsize)out[j].size()); }}
+}}
+"""
+        key = hashlib.sha1(code.encode()).hexdigest()[:16]
+        if key not in Emulated.cache:
+            d = tempfile.mkdtemp(prefix="cuda-emu-")
+            with open(os.path.join(d, "k.cpp"), "w") as f:
+                f.write(code)
+            exe = os.path.join(d, "k")
+            r = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-I", HERE, "-o", exe, os.path.join(d, "k.cpp")],
+                               capture_output=True, text=True)
+            if r.returncode:
+                raise RuntimeError(f"g++ failed for {self.spec['name']}:\n{r.stderr[-4000:]}")
+            Emulated.cache[key] = exe
+        return Emulated.cache[key]
+
+    def __call__(self, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+        flat = []
+        for a in inputs:
+            if isinstance(a, Sliced) and not self.ensure_contiguous:
+                full = mx.contiguous(a.full)
+                shape = list(full.shape)
+                strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+                shape[2] = a.t
+                flat.append((full, shape, strides))
+            else:
+                x = mx.contiguous(as_mx(a))
+                flat.append((x, list(x.shape), [math.prod(x.shape[i + 1:]) for i in range(x.ndim)]))
+        exe = self._binary([f[0] for f in flat], template, output_dtypes)
+        d = tempfile.mkdtemp(prefix="cuda-emu-run-")
+        lines = [" ".join(map(str, (*grid, *threadgroup)))]
+        for i, (x, shape, strides) in enumerate(flat):
+            data = host_bytes(x)
+            path = os.path.join(d, f"in{i}")
+            with open(path, "wb") as f:
+                f.write(data)
+            lines.append(f"{len(shape)} {' '.join(map(str, shape))} {' '.join(map(str, strides))} {len(data)} {path}")
+        outs = []
+        for j, (s, dt) in enumerate(zip(output_shapes, output_dtypes)):
+            path = os.path.join(d, f"out{j}")
+            outs.append((path, s, dt))
+            lines.append(f"{math.prod(s) * dt.size} {path}")
+        with open(os.path.join(d, "manifest"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        subprocess.run([exe, os.path.join(d, "manifest")], check=True)
+        res = []
+        for path, s, dt in outs:
+            raw = np.fromfile(path, dtype=np.uint8)
+            host = {mx.float32: np.float32, mx.uint32: np.uint32, mx.uint8: np.uint8}.get(dt, np.uint16)
+            arr = mx.array(raw.view(host).reshape(s))
+            res.append(arr.view(dt) if host is np.uint16 else arr)
+        return res
+
+
+def compiled(spec, emulate):
+    if emulate:
+        return Emulated(spec)
+    k = mx.fast.cuda_kernel(
+        name=spec["name"], input_names=spec["input_names"], output_names=spec["output_names"],
+        source=spec["cuda"]["source"], header=spec["cuda"].get("header", ""),
+        ensure_row_contiguous=spec.get("ensure_row_contiguous", True),
+    )
+    return lambda inputs, **kw: k(inputs=[as_mx(a) for a in inputs], **kw)
+
+
+def compare(label, out, ref, atol, rtol):
+    r = ref.astype(mx.float32)
+    d = mx.abs(out.astype(mx.float32) - r)
+    both_nan = mx.isnan(out.astype(mx.float32)) & mx.isnan(r)
+    bad = int(mx.sum((~(d <= atol + rtol * mx.abs(r))) & ~both_nan).item())
+    print(f"{label}: max |diff| {mx.max(mx.where(both_nan, 0.0, d)).item():.3g}, outside tolerance {bad}", flush=True)
+    return bad == 0
 
 
 def main() -> None:
-    assert mx.cuda.is_available(), "no CUDA backend in this MLX"
-    mx.set_default_device(mx.gpu)
+    args = sys.argv[1:]
+    emulate = "--emulate" in args
+    only = args[args.index("--only") + 1] if "--only" in args else None
+    specs = {s["name"]: s for s in json.load(open(args[0]))}
+    if emulate:
+        mx.set_default_device(mx.cpu)
+    else:
+        assert mx.cuda.is_available(), "no CUDA backend in this MLX"
+        mx.set_default_device(mx.gpu)
     ok = True
-    for spec in json.load(open(sys.argv[1])):
-        if not spec["cuda"]:
+    for name, spec in specs.items():
+        if not spec["cuda"] or name not in CASES or (only and only != name):
             continue
-        k = mx.fast.cuda_kernel(
-            name=spec["name"], input_names=spec["input_names"], output_names=spec["output_names"],
-            source=spec["cuda"]["source"], header=spec["cuda"].get("header", ""),
-        )
-        for label, launch, ref, (atol, rtol) in CASES[spec["name"]]():
-            out = k(**launch)[0]
-            r = ref.astype(mx.float32)
-            d = mx.abs(out.astype(mx.float32) - r)
-            bad = int(mx.sum(d > atol + rtol * mx.abs(r)).item())
-            print(f"{spec['name']} {label}: max |diff| {mx.max(d).item():.3g}, outside tolerance {bad}")
-            ok = ok and bad == 0
+        k = compiled(spec, emulate)
+        for label, launch, refs, tols in CASES[name]():
+            outs = k(**launch)
+            for i, (o, r, (atol, rtol)) in enumerate(zip(outs, refs, tols)):
+                ok = compare(f"{name} {label}" + (f" out{i}" if len(refs) > 1 else ""), o, r, atol, rtol) and ok
+    combine = compiled(specs["mlxb_decode_combine"], emulate) if "mlxb_decode_combine" in specs else None
+    for name, cases in DECODE.items():
+        if name not in specs or (only and only not in (name, "mlxb_decode_combine")):
+            continue
+        k = compiled(specs[name], emulate)
+        for c in cases():
+            p = c.p
+            refs = ref_partials(p, c.qs, c.keys, c.values, c.mask)
+            outs = k(**c.launch)
+            # Pass 1 against its reference: o, m, l.
+            for i, (o, r) in enumerate(zip(outs, refs)):
+                scale = max(1.0, mx.max(mx.abs(r)).item())
+                ok = compare(f"{name} {c.label} {['o', 'm', 'l'][i]}", o, r, PASS1_TOL[0] * scale, PASS1_TOL[1]) and ok
+            # Pass 2 on the reference partials, then both kernels end to end vs float32 attention.
+            atol, rtol = TOL[c.dt]
+            ref_out = ref_combine(*refs, p["b"], p["hq"], c.dt)
+            got = combine(inputs=[*refs, c.qs], **combine_launch(p, c.dt))[0]
+            ok = compare(f"mlxb_decode_combine {c.label}", got, ref_out, atol, rtol) and ok
+            e2e = combine(inputs=[*outs, c.qs], **combine_launch(p, c.dt))[0]
+            truth = sdpa_truth(c.qs, c.keys, c.values, c.mask)
+            scale = max(1e-3, mx.max(mx.abs(truth)).item())
+            ok = compare(f"end to end {name} {c.label}", e2e, truth.astype(c.dt), 1e-5 * scale, rtol) and ok
     print("RESULT", "PASS" if ok else "FAIL")
     sys.exit(0 if ok else 1)
 

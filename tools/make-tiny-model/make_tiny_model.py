@@ -639,7 +639,7 @@ def make(
     with tempfile.TemporaryDirectory(prefix="tiny-gemma4-src-") as src:
         src_dir = Path(src) / "bf16"
         make(variant, src_dir, form=form, quant="none", shards=1, naming="hf" if not (form == "wrapper" and variant == "dense") else "mlx",
-             seed=seed, template_in_config=template_in_config, vision_stub=vision_stub, dtype=dtype)
+             seed=seed, template_in_config=template_in_config, vision_stub=vision_stub, dtype=dtype, overrides=overrides)
         recipe = "mixed_4_6" if quant == "mixed" else None
         with contextlib.redirect_stdout(io.StringIO()):
             convert(str(src_dir), str(out), quantize=True, q_bits=4, q_group_size=64, quant_predicate=recipe)

@@ -3,13 +3,14 @@
 import { Command, Option } from "commander";
 import { downloadModel } from "./hub.ts";
 import { ModelNotFoundError } from "./model-path.ts";
-import { addModelOptions, addSamplingOptions, floatArg, intArg, jsonObjectArg } from "./options.ts";
+import { addDraftOptions, addModelOptions, addSamplingOptions, floatArg, intArg, jsonObjectArg } from "./options.ts";
 import { VERSION } from "./version.ts";
 
 const program = new Command("mlx-bun")
   .description("Native MLX LLM inference for Bun: generate, chat, and an OpenAI-compatible server (drop-in for mlx_lm.server).")
   .version(VERSION)
   .showHelpAfterError("(run with --help for usage)")
+  .enablePositionalOptions()
   .addHelpText(
     "after",
     `
@@ -36,7 +37,7 @@ const exitWith = (p: Promise<number>) =>
 
 const collect = (v: string, prev: string[] = []) => [...prev, v];
 
-addSamplingOptions(addModelOptions(program.command("generate").description("generate text for one prompt (mlx_lm.generate)")), 100)
+addDraftOptions(addSamplingOptions(addModelOptions(program.command("generate").description("generate text for one prompt (mlx_lm.generate)")), 100))
   .option("-p, --prompt <text>", 'the prompt ("-" reads stdin)', "hello")
   .option("--ignore-chat-template", "use the raw prompt without the chat template")
   .option("--system-prompt <text>", "system message for the chat template")
@@ -52,7 +53,7 @@ addSamplingOptions(addModelOptions(program.command("chat").description("interact
   .option("-v, --verbose", "print token counts and speed after each reply")
   .action((o) => exitWith(import("./commands/chat.ts").then((m) => m.runChat(o))));
 
-addSamplingOptions(addModelOptions(program.command("serve").description("OpenAI-compatible HTTP server (mlx_lm.server)")), 512)
+addDraftOptions(addSamplingOptions(addModelOptions(program.command("serve").description("OpenAI-compatible HTTP server (mlx_lm.server)")), 512))
   .option("--host <host>", "address to listen on", "127.0.0.1")
   .option("--port <port>", "port to listen on (0 = any free port)", intArg("--port", 0), 8080)
   .addOption(new Option("--api-key <key>", "require 'Authorization: Bearer <key>'").env("MLX_BUN_API_KEY"))
@@ -67,6 +68,21 @@ addSamplingOptions(addModelOptions(program.command("serve").description("OpenAI-
   .option("--no-log", "no request log on stderr")
   .option("--no-web", "no web chat page at / (the API only)")
   .action((o) => exitWith(import("./commands/serve.ts").then((m) => m.runServe(o))));
+
+program
+  .command("launch")
+  .description("run a command on several ranks, as mlx.launch: tensor-parallel generate/serve across processes or hosts")
+  .option("-n, --n <n>", "this many local processes on loopback", intArg("-n", 1))
+  .option("--hostfile <file>", "mlx.launch host file (JSON: hosts with ssh names and ips)")
+  .option("--backend <name>", "ring | nccl | any (nccl where CUDA is live, else ring)", "any")
+  .option("--timeout <seconds>", "stop the group when a rank is silent this long", floatArg("--timeout", 0.1), 30)
+  .option("--starting-port <port>", "first ring port (default: free ports)", intArg("--starting-port", 1))
+  .option("--nccl-port <port>", "NCCL rendezvous port", intArg("--nccl-port", 1))
+  .option("--env <KEY=VALUE>", "environment for every rank (repeatable)", collect)
+  .argument("<command...>", "an mlx-bun command (generate, serve, chat) with its options, or any program")
+  .passThroughOptions()
+  .addHelpText("after", "\nExample:\n  mlx-bun launch -n 2 -- generate --model <dir> --prompt hello --max-tokens 32")
+  .action((command: string[], o) => exitWith(import("./commands/launch.ts").then((m) => m.runLaunch(command, o))));
 
 program
   .command("download")

@@ -46,6 +46,19 @@ export interface ModelOptions {
   prefillStepSize: number;
 }
 
+/** Speculative decoding (mlx_lm's --draft-model, --num-draft-tokens). */
+export interface DraftOptions {
+  draftModel?: string;
+  numDraftTokens: number;
+}
+
+/** --draft-model, --num-draft-tokens (default 3, as mlx_lm.generate and mlx_lm.server). */
+export function addDraftOptions(cmd: Command): Command {
+  return cmd
+    .option("--draft-model <dir|repo>", "a smaller model sharing the tokenizer, for speculative decoding")
+    .option("--num-draft-tokens <n>", "tokens the draft model proposes per step (speculative decoding)", intArg("--num-draft-tokens", 1), 3);
+}
+
 export interface SamplingOptions {
   temp: number;
   topP: number;

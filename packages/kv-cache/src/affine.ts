@@ -2,6 +2,7 @@
 import { itemSize, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { checkKv, type KvCodec, PlanesView } from "./codec.ts";
+import { affineDecodeAttention } from "./kernels/affine-decode.ts";
 import { type Mask, fail } from "./types.ts";
 
 /** Queries per tile in the tiled prefill path: bounds the [L, T] score matrix. */
@@ -186,6 +187,9 @@ export function affineCodec(bits = 8, groupSize = 64, queryTile = DEFAULT_QUERY_
         if (sinks) fail("quantized attention does not support attention sinks");
         const k = { w: kw!, scales: ks!, biases: kb! };
         const v = { w: vw!, scales: vs!, biases: vb! };
+        // Decode steps take the fused kernels where a GPU backend is live (null elsewhere).
+        const fused = affineDecodeAttention(q, k, v, scale, mask, bits);
+        if (fused) return fused;
         return tiledAttention(q, kw!.shape[2]!, mask, queryTile, (qt, m) => quantizedAttention(qt, k, v, scale, m, groupSize, bits));
       }),
     bytesPerToken: (s) => {

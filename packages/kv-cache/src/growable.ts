@@ -87,6 +87,11 @@ export class KVCache extends PlaneLayout implements Cache {
     return true;
   }
 
+  /** Any trim within the held tokens is exact. */
+  canTrim(n: number): boolean {
+    return Number.isInteger(n) && n >= 0 && n <= this.#offset;
+  }
+
   trim(n: number): number {
     checkTrim("KVCache.trim", n, this.#offset);
     this.#offset -= n;

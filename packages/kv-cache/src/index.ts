@@ -25,3 +25,7 @@ export { BatchRotatingKVCache } from "./batch-rotating.ts";
 export { PrefillRow, type RowPadding } from "./prefill-row.ts";
 export { paddedCausalMask, rollRows } from "./rows.ts";
 export { turboValues, turboValuesKernel } from "./kernels/turbo-values.ts";
+export { AFFINE_DECODE_BITS, affineDecodeAttention, affineDecodeKernel } from "./kernels/affine-decode.ts";
+export { TURBO_DECODE_K_BITS, turboDecodeAttention, turboDecodeKernel } from "./kernels/turbo-decode.ts";
+export { combinePartials, decodeCombineKernel } from "./kernels/decode-combine.ts";
+export { DECODE_MAX_DIM, type DecodePlan, decodeMask, decodePlan } from "./kernels/decode-plan.ts";

@@ -174,10 +174,29 @@ export class RotatingKVCache extends PlaneLayout implements Cache {
     return this.#offset < this.maxSize;
   }
 
+  /**
+   * Whether `trim(n)` is exact now. Before the window has rotated anything out, any n. After,
+   * only right after a multi-token chunk: the buffer is then in temporal order and holds
+   * maxSize - 1 + L tokens, so dropping up to L - 1 of its newest tokens still leaves a full
+   * window (speculative verification relies on this; docs/speculative.md).
+   */
+  canTrim(n: number): boolean {
+    if (!Number.isInteger(n) || n < 0 || n > this.#offset) return false;
+    if (n === 0 || this.#offset < this.maxSize) return true;
+    const cap = this.#cap();
+    return this.#idx === cap && (cap - n >= this.maxSize || cap === this.#offset);
+  }
+
   trim(n: number): number {
-    checkTrim("RotatingKVCache.trim", n, this.#offset, !this.isTrimmable());
+    checkTrim("RotatingKVCache.trim", n, this.#offset);
+    if (!this.canTrim(n)) fail(`RotatingKVCache.trim: the window has wrapped (offset ${this.#offset}); the ${n} tokens before the newest are gone`);
+    if (n > 0 && this.#offset >= this.maxSize) {
+      // Temporal-order buffer: cut the newest n tokens off its end.
+      const keepTo = this.#cap() - n;
+      replaceAll(this._planes!, (p) => tokens(p, 0, keepTo));
+      this.#idx = keepTo;
+    } else this.#idx -= n;
     this.#offset -= n;
-    this.#idx -= n;
     return n;
   }
 

@@ -4,6 +4,7 @@ import { itemSize, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { quantizedKeyAttention, tiledAttention, DEFAULT_QUERY_TILE } from "./affine.ts";
 import { checkKv, type KvCodec, PlanesView } from "./codec.ts";
+import { turboDecodeAttention } from "./kernels/turbo-decode.ts";
 import { turboValues } from "./kernels/turbo-values.ts";
 import { fail } from "./types.ts";
 
@@ -109,9 +110,17 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
       new PlanesView(planes, length, ([kw, ks, kb, packed, vscale], q, scale, mask, sinks) => {
         if (sinks) fail("TurboQuant attention does not support attention sinks");
         const dv = (packed!.shape[3]! * 8) / vBits;
+        const k = { w: kw!, scales: ks!, biases: kb! };
+        if (deferredV) {
+          // Decode steps take the fused kernels where a GPU backend is live (null elsewhere).
+          const fused = turboDecodeAttention(q, k, packed!, vscale!, tablesFor(dv, vscale!.dtype).centroids, scale, mask, kBits);
+          if (fused) {
+            using o = fused;
+            return unrotate(o, dv, o.dtype);
+          }
+        }
         using vr = rotatedValues(packed!, vscale!, dv);
         using values = deferredV ? vr.retain() : unrotate(vr, dv, vr.dtype);
-        const k = { w: kw!, scales: ks!, biases: kb! };
         const out = tiledAttention(q, kw!.shape[2]!, mask, queryTile, (qt, m) =>
           quantizedKeyAttention(qt, k, scale, m, TURBO_K_GROUP, kBits, (probs, nRep) => {
             using vv = nRep > 1 ? mx.expand_dims(values, -3) : values.retain();

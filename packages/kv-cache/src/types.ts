@@ -56,6 +56,8 @@ export interface Cache extends Disposable {
   /** Adopt a snapshot (takes ownership of its tensors); checks kind, slot count and dtypes. */
   restoreState(state: CacheState): void;
   isTrimmable(): boolean;
+  /** Whether `trim(n)` is exact now (a rotating window can trim after a wrap only in some states); absent = isTrimmable(). */
+  canTrim?(n: number): boolean;
   /** Drop the last `n` tokens; returns how many were dropped. */
   trim(n: number): number;
   /** e.g. "kv:plain", "kv:quant:8:64", "kv:turboquant:4:3", "rotating:512:kv:plain". */

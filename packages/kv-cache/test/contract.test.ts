@@ -152,7 +152,8 @@ describe("contract details", () => {
     expect(() => g.updateAndFetch(odd, odd)).toThrow(/head dim 48 is not a multiple of the group size 64/);
     expect(() => affineCodec(7, 64)).toThrow(/bits must be one of/);
     using r = new RotatingKVCache(4);
-    feed(r, [6]);
+    // A chunk keeps all its tokens in order (trimmable); a single-token step after the wrap overwrites.
+    feed(r, [6, 1]);
     expect(r.isTrimmable()).toBe(false);
     expect(() => r.trim(1)).toThrow(/window has wrapped/);
   });

@@ -41,7 +41,9 @@ export {
   memory,
   mlxVersion,
   setDefaultDevice,
+  setDefaultStream,
   synchronize,
+  withStream,
   waitFor,
   type DeviceType,
 } from "./runtime.ts";

@@ -77,6 +77,7 @@ export const coreSymbols = {
   mlxb_set_default_device: { args: [i32, i32], returns: i32 },
   mlxb_default_stream: { args: [i32], returns: ptr },
   mlxb_new_stream: { args: [i32], returns: ptr },
+  mlxb_set_default_stream: { args: [ptr], returns: i32 },
   mlxb_stream_free: { args: [ptr], returns: none },
   mlxb_stream_index: { args: [ptr], returns: i32 },
   mlxb_stream_device_type: { args: [ptr], returns: i32 },

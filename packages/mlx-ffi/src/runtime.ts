@@ -82,6 +82,25 @@ export class Stream implements Disposable {
   }
 }
 
+/** Make `s` the default stream of its device: ops given no stream run on it. */
+export function setDefaultStream(s: Stream): void {
+  checkStatus(lib().mlxb_set_default_stream(s.handle), "set_default_stream", () => String(s));
+}
+
+/**
+ * Run `fn` (synchronous) with `s` as its device's default stream, as Python's `with mx.stream(s)`;
+ * the previous default is restored after, also when `fn` throws.
+ */
+export function withStream<T>(s: Stream, fn: () => T): T {
+  using prev = Stream.default(s.device);
+  setDefaultStream(s);
+  try {
+    return fn();
+  } finally {
+    setDefaultStream(prev);
+  }
+}
+
 /** Wait for all streams. */
 export function synchronize(): void {
   checkStatus(lib().mlxb_synchronize(null), "synchronize");

@@ -9,6 +9,7 @@ export * from "./reduce.ts";
 export * from "./shape.ts";
 export * from "./linalg.ts";
 export * as random from "./random.ts";
+export * as distributed from "./distributed.ts";
 export { type ArrayOrScalar, type Scalar, scalarDtype } from "./scalar.ts";
 export type { Axes } from "./axes.ts";
 

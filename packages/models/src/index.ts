@@ -13,3 +13,4 @@ export { type KvMode, codecFor, kvModeName, parseKvMode } from "./model/kv-mode.
 export { embed, embedAsLinear, linear, moduleWeights, switchLinear, type ModuleWeights } from "./model/nn.ts";
 export { type LoadedModel, loadModel } from "./load.ts";
 export { type LoadedAdapter, loadAdapter } from "./lora.ts";
+export { shardModel, TensorParallel } from "./model/shard.ts";

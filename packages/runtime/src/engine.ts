@@ -6,6 +6,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import type { Cache } from "@mlx-bun/kv-cache";
 import { type KvMode, kvModeName, type LoadedModel, loadModel, parseKvMode } from "@mlx-bun/models";
 import { type Pick, Sequence } from "./sequence.ts";
+import type { StepModel } from "./distributed.ts";
 import type { GenerateRequest, GenerationStream } from "./types.ts";
 
 export interface EngineOptions {
@@ -15,6 +16,8 @@ export interface EngineOptions {
   maxKvSize?: number;
   /** Prompt tokens per prefill step (mlx-lm's prefill_step_size, default 2048). */
   prefillStep?: number;
+  /** Run steps through this model instead of the loaded one (a LeaderModel for tensor-parallel ranks). */
+  stepModel?: StepModel;
 }
 
 /** Progress of a long prefill: tokens done of total. */
@@ -35,6 +38,7 @@ export class Engine implements Disposable {
   readonly prefillStep: number;
   readonly maxKvSize: number | undefined;
   #busy = false;
+  readonly #model: StepModel;
 
   constructor(
     readonly loaded: LoadedModel,
@@ -44,6 +48,7 @@ export class Engine implements Disposable {
     this.prefillStep = opts.prefillStep ?? 2048;
     if (!Number.isInteger(this.prefillStep) || this.prefillStep < 1) throw new MlxError(`prefillStep must be a positive integer, got ${this.prefillStep}`);
     this.maxKvSize = opts.maxKvSize;
+    this.#model = opts.stepModel ?? loaded.model;
   }
 
   static load(dir: string, opts: EngineOptions = {}): Engine {
@@ -64,12 +69,12 @@ export class Engine implements Disposable {
   }
 
   makeCaches(): Cache[] {
-    return this.loaded.model.makeCaches(this.kvMode, this.maxKvSize ? { maxKvSize: this.maxKvSize } : {});
+    return this.#model.makeCaches(this.kvMode, this.maxKvSize ? { maxKvSize: this.maxKvSize } : {});
   }
 
   /** Logits [B, L, V] of a forward step. */
   forward(ids: MlxArray, caches: Cache[]): MlxArray {
-    return this.loaded.model.forward(ids, caches);
+    return this.#model.forward(ids, caches);
   }
 
   /**

@@ -144,6 +144,17 @@ function applyTopK(lp: MlxArray, topK: number): MlxArray {
  */
 export function sample(lp: MlxArray, s: ResolvedSampling, key: MlxArray | undefined): MlxArray {
   if (s.temperature === 0) return mx.argmax(lp, -1);
+  using scaled = temperedLogits(lp, s);
+  return mx.random.categorical(scaled, key ? { key } : {});
+}
+
+/**
+ * The logits `sample` draws from at temperature > 0: top-p, min-p, top-k on the
+ * log-probabilities, then / T (unnormalized). Speculative decoding normalizes these to the
+ * exact distributions it compares.
+ */
+export function temperedLogits(lp: MlxArray, s: ResolvedSampling): MlxArray {
+  if (s.temperature === 0) throw new MlxError("temperedLogits: temperature 0 is greedy (argmax), not a distribution");
   let x = lp.retain();
   const step = (next: MlxArray): void => {
     x.dispose();
@@ -152,9 +163,11 @@ export function sample(lp: MlxArray, s: ResolvedSampling, key: MlxArray | undefi
   if (s.topP > 0 && s.topP < 1) step(applyTopP(x, s.topP));
   if (s.minP !== 0) step(applyMinP(x, s.minP));
   if (s.topK > 0) step(applyTopK(x, s.topK));
-  using scaled = mx.multiply(x, 1 / s.temperature);
-  x.dispose();
-  return mx.random.categorical(scaled, key ? { key } : {});
+  try {
+    return mx.multiply(x, 1 / s.temperature);
+  } finally {
+    x.dispose();
+  }
 }
 
 /** A per-request key stream: same seed → same keys, independent of other requests. */

@@ -1,20 +1,25 @@
-// Continuous batching: requests join and leave the decode batch between steps. Each request is
-// prefilled alone (chunked, exactly as a single generation), then its caches join the batch's
-// left-padded caches (BatchKVCache / BatchRotatingKVCache); every decode step runs the whole batch
-// in one forward pass, and each row samples with its own settings.
+// Continuous batching: requests join and leave the decode batch between steps. Waiting requests
+// are prefilled together (one batch, right-padded chunks moved to left padding: batch-prefill.ts),
+// then their batch caches join the running batch's left-padded caches (BatchKVCache /
+// BatchRotatingKVCache); every decode step runs the whole batch in one forward pass, each row
+// samples with its own settings, and step t+1 is built and scheduled before step t is read.
 import { totalmem } from "node:os";
-import { evaluate, memory, MlxArray } from "@mlx-bun/mlx-ffi";
+import { asyncEval, evaluate, memory, MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { BatchKVCache, BatchRotatingKVCache, type Cache, KVCache, RotatingKVCache } from "@mlx-bun/kv-cache";
+import type { BatchKVCache, Cache } from "@mlx-bun/kv-cache";
 import { codecFor } from "@mlx-bun/models";
+import { mergeRows, prefillChunk, takeBatchRows } from "./batch-prefill.ts";
 import { type Engine, RequestError, validateRequest } from "./engine.ts";
 import type { PromptCache } from "./prompt-cache.ts";
+import type { SpeculativeDecoder } from "./speculative.ts";
 import { type Pick, Sequence } from "./sequence.ts";
 import type { GenerateRequest, GenerationStream } from "./types.ts";
 
 export interface SchedulerOptions {
   /** Most requests decoding at once (default 16). */
   maxBatch?: number;
+  /** Most waiting requests prefilled together in one batch (default 8, mlx-lm's prefill_batch_size). */
+  prefillBatch?: number;
   /** KV bytes the running requests may reserve together (default: half the machine's memory). */
   memoryBudgetBytes?: number;
   /**
@@ -22,24 +27,56 @@ export interface SchedulerOptions {
    * cache, and a finished request's caches are added to it (the scheduler does not own it).
    */
   promptCache?: PromptCache;
+  /**
+   * Speculative decoding (a draft model): requests with num_draft_tokens > 0 (the decoder's
+   * default unless a request sets 0) run through it one at a time, the others keep batching.
+   */
+  speculative?: SpeculativeDecoder;
+}
+
+/** Counters of the scheduler's work since it was made. */
+export interface SchedulerStats {
+  /** Batched prefills run (one per admitted group of waiting requests). */
+  prefills: number;
+  /** Requests prefilled (summed over the batched prefills). */
+  prefilledRequests: number;
+  /** Most requests prefilled together in one batch. */
+  largestPrefill: number;
+  /** Decode steps run over the decode batch. */
+  decodeSteps: number;
+}
+
+/** Requests being prefilled together: their batch caches and the prompt tokens not fed yet (the last excluded). */
+interface PrefillGroup {
+  rows: Entry[];
+  caches: Cache[];
+  rest: number[][];
 }
 
 interface Entry {
   seq: Sequence;
   /** KV bytes reserved for prompt + max_tokens. */
   bytes: number;
+  /** The token chosen at the last decode step, not read yet (pipelined decode); null once read. */
+  next: Pick | null;
+  /** The stream was closed and the reservation released. */
+  ended: boolean;
 }
 
 export class Scheduler {
   readonly maxBatch: number;
+  readonly prefillBatch: number;
   readonly memoryBudgetBytes: number;
   #pending: Entry[] = [];
   #rows: Entry[] = [];
   #caches: Cache[] | null = null;
+  #prefill: PrefillGroup | null = null;
   #running: Promise<void> | null = null;
   #closed = false;
   #reserved = 0;
   readonly promptCache: PromptCache | undefined;
+  readonly speculative: SpeculativeDecoder | undefined;
+  readonly stats: SchedulerStats = { prefills: 0, prefilledRequests: 0, largestPrefill: 0, decodeSteps: 0 };
   #signatures: string[] | undefined;
 
   constructor(
@@ -48,8 +85,11 @@ export class Scheduler {
   ) {
     this.maxBatch = opts.maxBatch ?? 16;
     if (!Number.isInteger(this.maxBatch) || this.maxBatch < 1) throw new RequestError(`maxBatch must be a positive integer, got ${this.maxBatch}`);
+    this.prefillBatch = opts.prefillBatch ?? 8;
+    if (!Number.isInteger(this.prefillBatch) || this.prefillBatch < 1) throw new RequestError(`prefillBatch must be a positive integer, got ${this.prefillBatch}`);
     this.memoryBudgetBytes = opts.memoryBudgetBytes ?? Math.floor(totalmem() / 2);
     this.promptCache = opts.promptCache;
+    this.speculative = opts.speculative;
   }
 
   /** Per-layer signatures of this engine's caches (prompt-cache entries must match them). */
@@ -94,8 +134,9 @@ export class Scheduler {
     if (bytes > this.memoryBudgetBytes) {
       throw new RequestError(`the request needs ${bytes} bytes of KV cache, more than the budget of ${this.memoryBudgetBytes}`);
     }
+    if (this.speculative && this.speculative.draftTokensFor(req) > 0) return this.speculative.generate(req);
     const seq = new Sequence(req, this.engine.loaded.tokenizer);
-    this.#pending.push({ seq, bytes });
+    this.#pending.push({ seq, bytes, next: null, ended: false });
     this.#running ??= this.#loop().finally(() => {
       this.#running = null;
     });
@@ -110,24 +151,31 @@ export class Scheduler {
 
   async #loop(): Promise<void> {
     try {
-      while (this.#rows.length || this.#pending.length) {
-        await this.#admit();
+      // Start on a later turn: submit() returns at once, and requests submitted together are prefilled together.
+      await yieldToEventLoop();
+      // As mlx-lm's BatchGenerator: a decode step, then one prefill chunk of the waiting group.
+      while (this.#rows.length || this.#pending.length || this.#prefill) {
         if (this.#rows.length) this.#decodeStep();
+        this.#admit();
+        if (this.#prefill) this.#prefillWork();
         await yieldToEventLoop();
       }
     } catch (e) {
       // A fault of the batch step: every running and waiting request gets the error.
-      for (const r of [...this.#rows, ...this.#pending]) this.#end(r, e);
+      for (const r of [...this.#rows, ...(this.#prefill?.rows ?? []), ...this.#pending]) this.#end(r, e);
       this.#rows = [];
       this.#pending = [];
+      this.#dropPrefill();
       this.#dropCaches();
       this.#reserved = 0;
     }
   }
 
-  /** Prefill waiting requests alone and add them to the batch, while there is room. */
-  async #admit(): Promise<void> {
-    while (this.#pending.length && this.#rows.length < this.maxBatch) {
+  /** Form a prefill group from waiting requests (FIFO) while the batch and the budget have room; one group at a time. */
+  #admit(): void {
+    if (this.#prefill) return;
+    const group: Entry[] = [];
+    while (this.#pending.length && this.#rows.length + group.length < this.maxBatch && group.length < this.prefillBatch) {
       const e = this.#pending[0]!;
       if (e.seq.req.signal?.aborted) {
         this.#pending.shift();
@@ -136,91 +184,231 @@ export class Scheduler {
         continue;
       }
       // FIFO: a request that does not fit waits for memory, and so do the ones behind it.
-      if (this.#rows.length && this.#reserved + e.bytes > this.memoryBudgetBytes) return;
+      if ((this.#rows.length || group.length) && this.#reserved + e.bytes > this.memoryBudgetBytes) break;
       this.#pending.shift();
       this.#reserved += e.bytes;
-      const prompt = e.seq.req.promptIds;
-      const hit = this.promptCache?.lookup(prompt, { signatures: this.#cacheSignatures() }) ?? null;
-      const caches = hit ? hit.caches : this.engine.makeCaches();
-      e.seq.cachedTokens = hit?.cachedTokens ?? 0;
-      let joined = false;
-      let failure: unknown;
+      group.push(e);
+    }
+    if (!group.length) return;
+    this.stats.prefills++;
+    this.stats.prefilledRequests += group.length;
+    this.stats.largestPrefill = Math.max(this.stats.largestPrefill, group.length);
+    try {
+      const rows = group.map((e) => {
+        const prompt = e.seq.req.promptIds;
+        const hit = this.promptCache?.lookup(prompt, { signatures: this.#cacheSignatures() }) ?? null;
+        e.seq.cachedTokens = hit?.cachedTokens ?? 0;
+        return hit ? hit.caches : this.engine.makeCaches();
+      });
       try {
-        const rest = this.engine.prefill(prompt.slice(e.seq.cachedTokens), caches, 1);
-        using x = MlxArray.fromNumbers(rest, [1, rest.length], "int32");
-        using logits = this.engine.forward(x, caches);
-        using row = mx.index(logits, ":", -1, ":");
-        const p = e.seq.pick(row);
-        evaluate(p.token, p.logprobs);
-        e.seq.accept(p);
-        disposePick(p);
-        if (!e.seq.done) {
-          this.#join(caches);
-          this.#rows.push(e);
-          joined = true;
-        } else this.promptCache?.insert(prompt, caches);
-      } catch (err) {
-        // This request's prefill failed (e.g. a codec that cannot hold its head dim): it alone fails.
-        failure = err;
+        // All prompt tokens but the last go through the batched prefill; the last picks the first token.
+        this.#prefill = { rows: group, caches: mergeRows(rows), rest: group.map((e) => e.seq.req.promptIds.slice(e.seq.cachedTokens, -1)) };
       } finally {
-        for (const c of caches) c.dispose();
-        if (!joined) this.#end(e, failure);
+        for (const r of rows) for (const c of r) c.dispose();
       }
-      await yieldToEventLoop();
+    } catch (err) {
+      for (const e of group) this.#end(e, err ?? new RequestError("the batched prefill failed"));
     }
   }
 
-  /** Merge one request's single-row caches into the batch caches. */
-  #join(caches: Cache[]): void {
-    const rows = caches.map((c) => {
-      if (c instanceof KVCache) return BatchKVCache.merge([c]);
-      if (c instanceof RotatingKVCache) return BatchRotatingKVCache.merge([c]);
-      throw new RequestError(`cannot batch a ${c.signature()} cache`);
-    });
-    if (!this.#caches) {
-      this.#caches = rows;
+  /**
+   * One step of the prefill group: drop cancelled rows, feed one chunk (prefillStep tokens per
+   * row), and move the rows whose prompt is done to decoding (mlx-lm splits them off the same
+   * way). A fault fails the group's requests only; the decode batch runs on.
+   */
+  #prefillWork(): void {
+    const g = this.#prefill!;
+    const ready: { rows: Entry[]; caches: Cache[] }[] = [];
+    try {
+      this.#splitGroup(g, (r) => r.seq.req.signal?.aborted === true, (rows, caches) => {
+        for (const c of caches) c.dispose();
+        for (const r of rows) {
+          r.seq.cancel();
+          this.#end(r);
+        }
+      });
+      const done = (r: Entry): boolean => g.rest[g.rows.indexOf(r)]!.length === 0;
+      const start = (rows: Entry[], caches: Cache[]): void => void ready.push({ rows, caches });
+      if (this.#prefill) this.#splitGroup(g, done, start);
+      if (this.#prefill) {
+        const step = this.engine.prefillStep;
+        prefillChunk(
+          this.engine,
+          g.caches,
+          g.rest.map((t) => t.slice(0, step)),
+        );
+        g.rest = g.rest.map((t) => t.slice(step));
+        this.#splitGroup(g, done, start);
+      }
+    } catch (err) {
+      // The group's prefill failed (e.g. a codec that cannot hold its head dim): its requests fail.
+      const failure = err ?? new RequestError("the batched prefill failed");
+      for (const r of g.rows) this.#end(r, failure);
+      for (const p of ready) {
+        for (const r of p.rows) this.#end(r, failure);
+        for (const c of p.caches) c.dispose();
+      }
+      if (this.#prefill === g) this.#dropPrefill();
       return;
     }
-    try {
-      this.#caches.forEach((b, i) => (b as BatchKVCache).extend(rows[i] as BatchKVCache));
-    } finally {
-      for (const r of rows) r.dispose();
-    }
+    for (const p of ready) this.#startDecoding(p.rows, p.caches);
   }
 
-  /** One decode step for every row, then drop the rows that finished. */
-  #decodeStep(): void {
-    const rows = this.#rows;
-    const caches = this.#caches!;
-    const last = rows.map((r) => r.seq.generated.at(-1)!);
+  /** Take the rows of `g` that `which` selects out of it, with their caches, and hand them to `take` (which owns them). */
+  #splitGroup(g: PrefillGroup, which: (r: Entry) => boolean, take: (rows: Entry[], caches: Cache[]) => void): void {
+    const out: number[] = [];
+    const keep: number[] = [];
+    g.rows.forEach((r, i) => (which(r) ? out : keep).push(i));
+    if (!out.length) return;
+    if (!keep.length) {
+      this.#prefill = null;
+      take(g.rows, g.caches);
+      return;
+    }
+    const caches = takeBatchRows(g.caches, out);
+    for (const c of g.caches) (c as BatchKVCache).filter(keep);
+    const rows = out.map((i) => g.rows[i]!);
+    g.rows = keep.map((i) => g.rows[i]!);
+    g.rest = keep.map((i) => g.rest[i]!);
+    take(rows, caches);
+  }
+
+  /**
+   * Rows whose prompt is prefilled (all but its last token, in `caches`, which this takes): one
+   * forward step over the last prompt tokens picks each row's first token, then the rows that go
+   * on join the decode batch.
+   */
+  #startDecoding(group: Entry[], caches: Cache[]): void {
     const picks: Pick[] = [];
+    let keep: Entry[] = [];
+    let failure: unknown;
     try {
-      using ids = MlxArray.fromNumbers(last, [rows.length, 1], "int32");
-      using logits = this.engine.forward(ids, caches);
-      rows.forEach((r, i) => {
-        using row = mx.index(logits, mx.sl(i, i + 1), -1, ":");
-        picks.push(r.seq.pick(row));
-      });
+      {
+        using ids = MlxArray.fromNumbers(
+          group.map((e) => e.seq.req.promptIds.at(-1)!),
+          [group.length, 1],
+          "int32",
+        );
+        using logits = this.engine.forward(ids, caches);
+        group.forEach((e, i) => {
+          using row = mx.index(logits, mx.sl(i, i + 1), -1, ":");
+          picks.push(e.seq.pick(row));
+        });
+      }
       evaluate(...picks.flatMap((p) => [p.token, p.logprobs]));
-      rows.forEach((r, i) => {
-        if (r.seq.req.signal?.aborted) r.seq.cancel();
-        else r.seq.accept(picks[i]!);
+      group.forEach((e, i) => {
+        if (e.seq.req.signal?.aborted) e.seq.cancel();
+        else e.seq.accept(picks[i]!);
       });
+      keep = this.#retire(group, caches);
+    } catch (err) {
+      failure = err ?? new RequestError("the first decode step failed");
     } finally {
       for (const p of picks) disposePick(p);
     }
+    if (failure !== undefined || !keep.length) {
+      for (const c of caches) c.dispose();
+      for (const e of group) this.#end(e, failure);
+      return;
+    }
+    // A failure to join would leave the decode batch's caches inconsistent: it faults the batch (#loop).
+    this.#rows.push(...keep);
+    this.#join(caches);
+  }
+
+  /**
+   * Rows of `rows` that finished: their caches go to the prompt cache, they leave `caches`
+   * (filtered, or disposed by the caller when none is left) and their streams end. Returns the
+   * rows that go on, in order.
+   */
+  #retire(rows: readonly Entry[], caches: Cache[]): Entry[] {
     const keep: number[] = [];
     rows.forEach((r, i) => {
       if (!r.seq.done) keep.push(i);
     });
-    if (keep.length === rows.length) return;
-    const finished = rows.filter((r) => r.seq.done);
+    if (keep.length === rows.length) return [...rows];
     if (this.promptCache) this.#remember(rows, caches);
-    this.#rows = keep.map((i) => rows[i]!);
-    if (keep.length === 0) this.#dropCaches();
-    else for (const c of caches) (c as BatchKVCache).filter(keep);
-    for (const f of finished) this.#end(f);
+    if (keep.length) for (const c of caches) (c as BatchKVCache).filter(keep);
+    for (const r of rows) if (r.seq.done) this.#end(r);
     memory.clearCache();
+    return keep.map((i) => rows[i]!);
+  }
+
+  /** Append a prefilled group's batch caches to the decode batch's (or make them the decode batch's); takes ownership. */
+  #join(caches: Cache[]): void {
+    if (!this.#caches) {
+      this.#caches = caches;
+      return;
+    }
+    try {
+      this.#caches.forEach((b, i) => (b as BatchKVCache).extend(caches[i] as BatchKVCache));
+    } finally {
+      for (const c of caches) c.dispose();
+    }
+  }
+
+  /**
+   * One decode step for every row, pipelined as mlx-lm's GenerationBatch: step t+1 is built
+   * from the rows' unread step-t tokens (still on the device) and scheduled with asyncEval
+   * before step t is read on the host, so reading, detokenizing and streaming overlap the next
+   * evaluation. A row that finishes or is cancelled at step t drops its step-t+1 token. Rows
+   * whose sampling needs the host history (penalties) read their token in the same step.
+   */
+  #decodeStep(): void {
+    const rows = this.#rows;
+    const caches = this.#caches!;
+    this.stats.decodeSteps++;
+    // Every row's unread token is its last (max_tokens): read without building another step.
+    const last = rows.every((r) => r.next && r.seq.generated.length + 1 >= r.seq.req.maxTokens);
+    const picks: Pick[] = [];
+    try {
+      if (!last) {
+        const parts = rows.map((r) => (r.next ? mx.astype(r.next.token, "int32") : MlxArray.fromNumbers([r.seq.generated.at(-1)!], [1], "int32")));
+        try {
+          using flat = mx.concatenate(parts, 0);
+          using ids = mx.reshape(flat, [rows.length, 1]);
+          using logits = this.engine.forward(ids, caches);
+          rows.forEach((r, i) => {
+            using row = mx.index(logits, mx.sl(i, i + 1), -1, ":");
+            picks.push(r.seq.pick(row));
+          });
+        } finally {
+          for (const p of parts) p.dispose();
+        }
+        asyncEval(...picks.flatMap((p) => [p.token, p.logprobs]));
+      }
+      // Read step t while step t+1 evaluates.
+      rows.forEach((r, i) => {
+        const prev = r.next;
+        r.next = picks[i] ?? null;
+        if (!prev) return;
+        try {
+          if (r.seq.req.signal?.aborted) r.seq.cancel();
+          else if (!r.seq.done) r.seq.accept(prev);
+        } finally {
+          disposePick(prev);
+        }
+      });
+      picks.length = 0;
+      for (const r of rows) {
+        if (r.seq.req.signal?.aborted) r.seq.cancel();
+        if (r.seq.done || !r.next || !r.seq.needsHistory) continue;
+        const p = r.next;
+        r.next = null;
+        try {
+          evaluate(p.token, p.logprobs);
+          r.seq.accept(p);
+        } finally {
+          disposePick(p);
+        }
+      }
+    } finally {
+      for (const p of picks) disposePick(p);
+    }
+    const keep = this.#retire(rows, caches);
+    if (keep.length === rows.length) return;
+    this.#rows = keep;
+    if (keep.length === 0) this.#dropCaches();
   }
 
   /** Put the caches of rows that finished (not cancelled) into the prompt cache. */
@@ -229,7 +417,8 @@ export class Scheduler {
       if (!r.seq.done || r.seq.finishReason === "cancelled") return;
       const row = caches.map((c) => (c as BatchKVCache).extract(i));
       try {
-        // The rows hold prompt + generated tokens but the last (sampled, never fed); insert drops the extra id.
+        // A row holds the prompt and the generated tokens it was fed (the last one too when a pipelined
+        // step fed it before it finished); insert keeps the ids the caches hold.
         this.promptCache!.insert(r.seq.history, row);
       } finally {
         for (const c of row) c.dispose();
@@ -239,11 +428,19 @@ export class Scheduler {
 
   /** Release a request's reservation and close its stream (with `failure` as its error, if any). */
   #end(e: Entry, failure?: unknown): void {
-    if (this.#rows.includes(e) && failure === undefined) return;
+    if (e.ended) return;
+    e.ended = true;
+    if (e.next) disposePick(e.next);
+    e.next = null;
     this.#reserved = Math.max(0, this.#reserved - e.bytes);
     if (failure !== undefined) e.seq.channel.fail(failure);
     else e.seq.finish();
     e.seq.dispose();
+  }
+
+  #dropPrefill(): void {
+    if (this.#prefill) for (const c of this.#prefill.caches) c.dispose();
+    this.#prefill = null;
   }
 
   #dropCaches(): void {

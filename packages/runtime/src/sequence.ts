@@ -5,7 +5,7 @@ import type { Gemma4Tokenizer, StreamingDetokenizer } from "@mlx-bun/models";
 import { KeyStream, logSoftmax, processLogits, type ResolvedSampling, resolveSampling, sample } from "./sampling.ts";
 import { StopMatcher } from "./stop.ts";
 import { EventChannel } from "./stream.ts";
-import type { FinishReason, GenerateRequest, GenerationEvent, TopLogprob } from "./types.ts";
+import type { FinishReason, GenerateRequest, GenerationEvent, SpeculativeStats, TopLogprob } from "./types.ts";
 
 /** A token chosen on the device, not yet read: the pipelined decode reads it one step later. */
 export interface Pick {
@@ -26,6 +26,8 @@ export class Sequence implements Disposable {
   #tFirst = 0;
   finishReason: FinishReason | null = null;
   cachedTokens = 0;
+  /** Set by the speculative decoder; reported in the result. */
+  speculative: SpeculativeStats | undefined;
 
   constructor(
     readonly req: GenerateRequest,
@@ -109,6 +111,7 @@ export class Sequence implements Disposable {
       cachedTokens: this.cachedTokens,
       ttft: ((this.#tFirst || now) - this.#t0) / 1000,
       decodeSeconds: (now - (this.#tFirst || now)) / 1000,
+      ...(this.speculative ? { speculative: { ...this.speculative } } : {}),
     });
   }
 

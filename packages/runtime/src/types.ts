@@ -39,6 +39,17 @@ export interface GenerateRequest {
   logprobs?: number;
   /** Abort: the request stops at the next step and frees its cache row. */
   signal?: AbortSignal;
+  /**
+   * Speculative decoding (num_draft_tokens): draft tokens per round where a draft model is
+   * loaded (default: the server's or decoder's setting); 0 = plain decoding for this request.
+   */
+  numDraftTokens?: number;
+}
+
+/** Speculative decoding counts of one request: drafted tokens and how many the target kept. */
+export interface SpeculativeStats {
+  drafted: number;
+  accepted: number;
 }
 
 export interface TopLogprob {
@@ -68,6 +79,8 @@ export interface GenerationResult {
   /** Seconds: time to first token, and decode time for the rest. */
   ttft: number;
   decodeSeconds: number;
+  /** Set when the request was decoded speculatively; acceptance rate = accepted / drafted. */
+  speculative?: SpeculativeStats;
 }
 
 /** A running request: iterate its events; `result` resolves when it ends. */

@@ -19,3 +19,31 @@ export function mlxLmGenerate(dir: string, ids: number[], maxTokens: number, pre
     runPython([join(ROOT, "tools", "oracle", "generate_oracle.py"), dir, "--ids", ids.join(","), "--max-tokens", String(maxTokens), "--prefill-step", String(prefillStep)]),
   ) as { tokens: number[]; logprobs: number[] };
 }
+
+/**
+ * Target/draft pairs for speculative decoding, sharing the tiny tokenizer: per variant a float32
+ * target (head_dim 64 so every KV codec applies) and its 4-bit quantization as a close draft; a
+ * smaller random draft (2 layers, hidden 32); a draft with another vocabulary; a target with a
+ * 64-token window (and its 4-bit draft) for comparisons where mlx-lm's window must not wrap.
+ */
+export function speculativePairs(variants: string[]): Record<string, string[]> {
+  const base = ["--dtype", "float32", "--set", "head_dim=64"];
+  const small = ["--variant", "dense", ...base, "--seed", "7", "--set", "num_hidden_layers=2", "--set", 'layer_types=["sliding_attention","full_attention"]', "--set", "hidden_size=32", "--set", "intermediate_size=64"];
+  const out: Record<string, string[]> = {
+    "draft-small": small,
+    "draft-vocab": [...small, "--set", "vocab_size=256", "--set", "vocab_size_per_layer_input=256"],
+    w64: ["--variant", "small", ...base, "--set", "sliding_window=64"],
+    "w64-draft4bit": ["--variant", "small", ...base, "--set", "sliding_window=64", "--quant", "4bit"],
+  };
+  for (const v of variants) {
+    out[v] = ["--variant", v, ...base];
+    out[`${v}-draft4bit`] = ["--variant", v, ...base, "--quant", "4bit"];
+  }
+  return out;
+}
+
+export function mlxLmSpeculative(target: string, draft: string, ids: number[], maxTokens: number, numDraft: number): { tokens: number[]; from_draft: boolean[] } {
+  return JSON.parse(
+    runPython([join(ROOT, "tools", "oracle", "speculative_oracle.py"), target, draft, "--ids", ids.join(","), "--max-tokens", String(maxTokens), "--num-draft-tokens", String(numDraft)]),
+  ) as { tokens: number[]; from_draft: boolean[] };
+}

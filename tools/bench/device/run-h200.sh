@@ -51,6 +51,10 @@ if [ -n "${CHECKS:-}" ]; then
     timeout 240 .native/bin/bun tools/bench/device/logits-check.ts --model "$d" --steps "${CHECK_STEPS:-24}" 2>&1 | tee -a "$OUT/logits-check.jsonl"
   done
 fi
+if [ -n "${THEN:-}" ]; then
+  log "running: $THEN"
+  bash -c "$THEN" 2>&1 | tee -a "$OUT/then.log"
+fi
 [ -n "${NO_COMPARE:-}" ] && { log "done (no compare)"; exit 0; }
 left=$((${DEADLINE:-570} - SECONDS))
 log "compare.ts (${left}s left)"

@@ -3,12 +3,12 @@
 import { readFileSync } from "node:fs";
 import { memory } from "@mlx-bun/mlx-ffi";
 import type { GenerationResult } from "@mlx-bun/runtime";
-import { loadEngine } from "../load.ts";
-import type { ModelOptions, SamplingOptions } from "../options.ts";
+import { loadDraft, loadEngine } from "../load.ts";
+import type { DraftOptions, ModelOptions, SamplingOptions } from "../options.ts";
 import { samplingFrom } from "../options.ts";
 import { expandEscapes, generatePromptIds } from "../prompt.ts";
 
-export interface GenerateOptions extends ModelOptions, SamplingOptions {
+export interface GenerateOptions extends ModelOptions, SamplingOptions, DraftOptions {
   prompt: string;
   ignoreChatTemplate?: boolean;
   systemPrompt?: string;
@@ -33,12 +33,15 @@ export function timings(r: GenerationResult, totalSeconds: number) {
     decode_s: r.decodeSeconds,
     total_s: totalSeconds,
     peak_memory_gb: memory.peak() / 1e9,
+    ...(r.speculative ? { speculative: { drafted_tokens: r.speculative.drafted, accepted_tokens: r.speculative.accepted, acceptance_rate: r.speculative.drafted ? r.speculative.accepted / r.speculative.drafted : 0 } } : {}),
   };
 }
 
 export async function runGenerate(o: GenerateOptions): Promise<number> {
   const { engine, model } = await loadEngine(o, { progress: !o.json });
+  let spec: Awaited<ReturnType<typeof loadDraft>>;
   try {
+    spec = await loadDraft(o, engine, { progress: !o.json });
     const tok = engine.loaded.tokenizer;
     const text = o.prompt === "-" ? readFileSync(0, "utf8") : expandEscapes(o.prompt);
     const promptIds = generatePromptIds(engine.loaded, text, {
@@ -56,7 +59,7 @@ export async function runGenerate(o: GenerateOptions): Promise<number> {
     const onSigint = () => abort.abort();
     process.once("SIGINT", onSigint);
     const t0 = performance.now();
-    const stream = engine.generate({
+    const stream = (spec ?? engine).generate({
       promptIds,
       maxTokens: o.maxTokens,
       sampling: samplingFrom(o),
@@ -78,11 +81,13 @@ export async function runGenerate(o: GenerateOptions): Promise<number> {
         if (!r.text.length) process.stderr.write("No text generated for this prompt\n");
         process.stderr.write(`Prompt: ${t.prompt_tokens} tokens, ${t.prompt_tps.toFixed(3)} tokens-per-sec\n`);
         process.stderr.write(`Generation: ${t.generation_tokens} tokens, ${t.generation_tps.toFixed(3)} tokens-per-sec\n`);
+        if (t.speculative) process.stderr.write(`Speculative: ${t.speculative.accepted_tokens} of ${t.speculative.drafted_tokens} draft tokens accepted (${(100 * t.speculative.acceptance_rate).toFixed(1)}%)\n`);
         process.stderr.write(`Peak memory: ${t.peak_memory_gb.toFixed(3)} GB\n`);
       }
     }
     return r.finishReason === "cancelled" ? 130 : 0;
   } finally {
+    spec?.draft.dispose();
     engine.dispose();
   }
 }

@@ -1,10 +1,10 @@
 // mlx-bun serve: the OpenAI-compatible HTTP server (a drop-in for mlx_lm.server).
 import { basename } from "node:path";
-import { loadEngine } from "../load.ts";
-import type { ModelOptions, SamplingOptions } from "../options.ts";
+import { loadDraft, loadEngine } from "../load.ts";
+import type { DraftOptions, ModelOptions, SamplingOptions } from "../options.ts";
 import { startServer } from "../server/http.ts";
 
-export interface ServeOptions extends ModelOptions, SamplingOptions {
+export interface ServeOptions extends ModelOptions, SamplingOptions, DraftOptions {
   host: string;
   port: number;
   apiKey?: string;
@@ -23,13 +23,17 @@ export interface ServeOptions extends ModelOptions, SamplingOptions {
 }
 
 export async function runServe(o: ServeOptions): Promise<number> {
+  // The scheduler's batched caches are not mirrored to follower ranks yet (docs/distributed.md).
+  if (process.env.MLX_BUN_DIST_BACKEND) throw new Error("mlx-bun serve does not run across ranks yet: use `mlx-bun launch ... generate`, or serve on one rank");
   const { engine, model } = await loadEngine(o);
+  const speculative = await loadDraft(o, engine);
   const { PromptCache, Scheduler } = await import("@mlx-bun/runtime");
   const promptCache = o.promptCacheSize > 0 ? new PromptCache({ maxEntries: o.promptCacheSize, maxBytes: o.promptCacheBytes }) : undefined;
   const scheduler = new Scheduler(engine, {
     ...(o.maxBatch !== undefined ? { maxBatch: o.maxBatch } : {}),
     ...(o.memoryBudget !== undefined ? { memoryBudgetBytes: o.memoryBudget } : {}),
     ...(promptCache ? { promptCache } : {}),
+    ...(speculative ? { speculative } : {}),
   });
   const apiKey = o.apiKey ?? (process.env.MLX_BUN_API_KEY || undefined);
   const srv = startServer({
@@ -46,11 +50,12 @@ export async function runServe(o: ServeOptions): Promise<number> {
     ...(o.chatTemplateArgs ? { chatTemplateArgs: o.chatTemplateArgs } : {}),
     allowedOrigins: o.allowedOrigins,
     kvMode: engine.kvModeName,
+    ...(o.draftModel ? { draftModel: o.draftModel } : {}),
     ...(o.web === false ? { webDir: null } : {}),
     ...(o.log ? { log: (l: string) => process.stderr.write(`${new Date().toISOString()} ${l}\n`) } : {}),
   });
   // One line tests and scripts can wait for (with the real port when --port 0).
-  process.stderr.write(`mlx-bun serve: ${model.id} (kv ${engine.kvModeName}) listening on ${srv.url}${srv.webChat === "on" ? ` (web chat at ${srv.url}/)` : ""}${apiKey ? " (API key required)" : ""}\n`);
+  process.stderr.write(`mlx-bun serve: ${model.id} (kv ${engine.kvModeName}) ${speculative ? `, draft ${o.draftModel} (${speculative.numDraftTokens} tokens)` : ""} listening on ${srv.url}${srv.webChat === "on" ? ` (web chat at ${srv.url}/)` : ""}${apiKey ? " (API key required)" : ""}\n`);
   if (srv.webChat === "not built") process.stderr.write("mlx-bun serve: the web chat is not built: run bash tools/setup.sh (the API works without it)\n");
   await new Promise<void>((resolve) => {
     const stop = () => resolve();
@@ -61,6 +66,7 @@ export async function runServe(o: ServeOptions): Promise<number> {
   await srv.stop();
   await scheduler.close();
   promptCache?.dispose();
+  speculative?.draft.dispose();
   engine.dispose();
   return 0;
 }

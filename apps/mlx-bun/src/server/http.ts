@@ -61,6 +61,8 @@ export interface ServerOptions {
   webDir?: string | null;
   /** The KV cache mode /health reports (the engine's kvModeName, e.g. "bf16"). */
   kvMode?: string;
+  /** The draft model of speculative decoding (--draft-model), if any: /health then reports acceptance totals. */
+  draftModel?: string;
 }
 
 export interface RunningServer {
@@ -102,6 +104,15 @@ export function startServer(opts: ServerOptions): RunningServer {
 
 class App {
   readonly created = Math.floor(Date.now() / 1000);
+  /** Totals of speculatively decoded requests, for /health. */
+  #spec = { requests: 0, drafted: 0, accepted: 0 };
+
+  #countSpeculative(r: GenerationResult): void {
+    if (!r.speculative) return;
+    this.#spec.requests++;
+    this.#spec.drafted += r.speculative.drafted;
+    this.#spec.accepted += r.speculative.accepted;
+  }
   readonly fingerprint: string;
   readonly vctx: ValidationContext;
   readonly maxBody: number;
@@ -226,6 +237,7 @@ class App {
       model: this.opts.modelId,
       kv_mode: this.opts.kvMode ?? null,
       active_requests: this.opts.scheduler.active,
+      ...(this.opts.draftModel ? { draft_model: this.opts.draftModel, speculative: { requests: this.#spec.requests, ...speculativeUsage(this.#spec) } } : {}),
       memory: { active_bytes: memory.active(), peak_bytes: memory.peak(), cache_bytes: memory.cache() },
     });
   }
@@ -263,6 +275,7 @@ class App {
     let stream: GenerationStream;
     try {
       stream = this.opts.scheduler.submit(greq);
+      stream.result.then((r) => this.#countSpeculative(r), () => {});
     } catch (e) {
       req.signal.removeEventListener("abort", onAbort);
       throw e;
@@ -469,6 +482,7 @@ class Formatter {
       completion_tokens: completion,
       total_tokens: r.promptTokens + completion,
       prompt_tokens_details: { cached_tokens: r.cachedTokens },
+      ...(r.speculative ? { speculative: speculativeUsage(r.speculative) } : {}),
     };
   }
 
@@ -488,4 +502,9 @@ class Formatter {
 
 function finishReason(r: GenerationResult): string {
   return r.finishReason === "length" ? "length" : "stop";
+}
+
+/** usage.speculative: drafted and accepted draft tokens of a speculatively decoded request. */
+export function speculativeUsage(s: { drafted: number; accepted: number }) {
+  return { drafted_tokens: s.drafted, accepted_tokens: s.accepted, acceptance_rate: s.drafted > 0 ? s.accepted / s.drafted : 0 };
 }

@@ -37,6 +37,8 @@ export interface ParsedCommon {
   stop: string[];
   /** undefined: no log-probabilities; n: the chosen token's plus n top alternatives. */
   logprobs: number | undefined;
+  /** num_draft_tokens (speculative decoding with the server's --draft-model; 0 = off). */
+  numDraftTokens?: number;
 }
 
 export interface ParsedChat extends ParsedCommon {
@@ -166,9 +168,10 @@ function parseCommon(body: Record<string, unknown>, ctx: ValidationContext, endp
   const xtc = num(body, "xtc_probability", 0, { min: 0, max: 1 });
   num(body, "xtc_threshold", 0.1, { min: 0, max: 1 });
   if (xtc > 0) throw unsupported("xtc_probability", "XTC sampling is not supported");
-  int(body, "num_draft_tokens", 0, { min: 0 });
+  // Speculative decoding uses the server's --draft-model; num_draft_tokens 0 turns it off per request.
+  const numDraftTokens = body.num_draft_tokens === undefined || body.num_draft_tokens === null ? undefined : int(body, "num_draft_tokens", 0, { min: 0, max: 64 });
   if (body.draft_model !== undefined && body.draft_model !== null && body.draft_model !== "default_model") {
-    throw unsupported("draft_model", "speculative decoding (draft_model) is not supported");
+    throw unsupported("draft_model", "only the server's --draft-model (\"default_model\") can be used for speculative decoding");
   }
   if (body.adapters !== undefined && body.adapters !== null) {
     str(body, "adapters");
@@ -231,7 +234,7 @@ function parseCommon(body: Record<string, unknown>, ctx: ValidationContext, endp
   if (logitBias) sampling.logitBias = logitBias;
   if (seed !== undefined) sampling.seed = seed;
 
-  return { model, stream, includeUsage, maxTokens, sampling, stop, logprobs };
+  return { model, stream, includeUsage, maxTokens, sampling, stop, logprobs, ...(numDraftTokens !== undefined ? { numDraftTokens } : {}) };
 }
 
 // ---- /v1/chat/completions --------------------------------------------------------------------
@@ -351,6 +354,7 @@ export function toGenerateRequest(parsed: ParsedRequest, promptIds: number[], co
     stop: parsed.stop,
   };
   if (parsed.logprobs !== undefined) req.logprobs = parsed.logprobs;
+  if (parsed.numDraftTokens !== undefined) req.numDraftTokens = parsed.numDraftTokens;
   if (signal) req.signal = signal;
   return req;
 }

@@ -61,6 +61,7 @@ MLXB_API int mlxb_set_default_device(int type, int index);
 MLXB_API mlxb_stream mlxb_default_stream(int type);
 MLXB_API mlxb_stream mlxb_new_stream(int type);
 MLXB_API void mlxb_stream_free(mlxb_stream s);
+MLXB_API int mlxb_set_default_stream(mlxb_stream s);
 MLXB_API int mlxb_stream_index(mlxb_stream s);
 MLXB_API int mlxb_stream_device_type(mlxb_stream s);
 MLXB_API int mlxb_synchronize(mlxb_stream s);

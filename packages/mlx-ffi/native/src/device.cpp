@@ -21,6 +21,14 @@ MLXB_API int mlxb_set_default_device(int type, int index) {
 }
 MLXB_API mlxb_stream mlxb_default_stream(int type) { MLXB_GUARD(nullptr, { return new mx::Stream(mx::default_stream(mx::Device(dev_type(type)))); }) }
 MLXB_API mlxb_stream mlxb_new_stream(int type) { MLXB_GUARD(nullptr, { return new mx::Stream(mx::new_stream(mx::Device(dev_type(type)))); }) }
+// The stream ops without an explicit stream run on (mx.stream(...) in Python sets it).
+MLXB_API int mlxb_set_default_stream(mlxb_stream s) {
+  MLXB_GUARD(-1, {
+    if (!s) throw std::invalid_argument("null stream handle");
+    mx::set_default_stream(*static_cast<mx::Stream*>(s));
+    return 0;
+  })
+}
 MLXB_API void mlxb_stream_free(mlxb_stream s) { delete static_cast<mx::Stream*>(s); }
 MLXB_API int mlxb_stream_index(mlxb_stream s) { MLXB_GUARD(-1, { return static_cast<mx::Stream*>(s)->index; }) }
 MLXB_API int mlxb_stream_device_type(mlxb_stream s) {

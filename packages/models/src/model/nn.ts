@@ -13,6 +13,11 @@ export interface ModuleWeights {
   quant?: QuantParams;
   /** A LoRA adapter on this linear layer: y + (scale · (x @ a) @ b).astype(x.dtype). */
   lora?: { a: MlxArray; b: MlxArray; scale: number };
+  /**
+   * Tensor parallel, sharded-to-all (mlx.nn ShardedToAllLinear): this rank holds a slice of the
+   * input features, so its output is a partial sum that `reduce` sums over the group.
+   */
+  reduce?: (partial: MlxArray) => MlxArray;
 }
 
 function qopts(q: QuantParams): { group_size: number; bits: number; mode: QuantParams["mode"] } {
@@ -21,6 +26,12 @@ function qopts(q: QuantParams): { group_size: number; bits: number; mode: QuantP
 
 /** nn.Linear without bias (x @ Wᵀ) or nn.QuantizedLinear (quantized_matmul, transpose); plus LoRA (mlx-lm tuner/lora.py). */
 export function linear(m: ModuleWeights, x: MlxArray): MlxArray {
+  if (!m.reduce) return localLinear(m, x);
+  using partial = localLinear(m, x);
+  return m.reduce(partial);
+}
+
+function localLinear(m: ModuleWeights, x: MlxArray): MlxArray {
   const y = baseLinear(m, x);
   if (!m.lora) return y;
   using base = y;

@@ -1,0 +1,57 @@
+// Pass 2 of the fused decode attention: merge the per-run partials (o, m, l) of every query
+// head into the normalized output, rounded once to the query dtype.
+import { type MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import { combineSource } from "./decode-source.ts";
+
+export const decodeCombineKernel = mx.kernels.custom_kernel({
+  name: "mlxb_decode_combine",
+  // q only gives the output's shape [B, Hq, 1, ·] and dtype; the sources never read it.
+  input_names: ["po", "pm", "pl", "q"],
+  output_names: ["out"],
+  metal: { source: combineSource("metal") },
+  cuda: { source: combineSource("cuda") },
+  validate: ([po, pm, pl, q]) => {
+    if (po!.ndim !== 3 || pm!.ndim !== 2) return `partials must be o [R, P, Dv] and m, l [R, P], got ${po!.describe()}, ${pm!.describe()}`;
+    if (pm!.shape.join() !== po!.shape.slice(0, 2).join() || pl!.shape.join() !== pm!.shape.join()) return "partials o, m, l disagree in [R, P]";
+    for (const a of [po!, pm!, pl!]) if (a.dtype !== "float32") return `partials must be float32, got ${a.dtype}`;
+    if (q!.ndim !== 4 || q!.shape[0]! * q!.shape[1]! !== po!.shape[0] || q!.shape[2] !== 1) return `q ${q!.describe()} must be [B, Hq, 1, D] with B·Hq = ${po!.shape[0]}`;
+    return null;
+  },
+  reference: ([po, pm, pl, q], s) => {
+    const [B, H] = q!.shape as [number, number];
+    const dv = po!.shape[2]!;
+    const so = s ? { stream: s } : {};
+    using top = mx.max(pm!, -1, { keepdims: true, ...so });
+    using diff = mx.subtract(pm!, top, s);
+    using ex = mx.exp(diff, s);
+    using gone = mx.equal(pm!, -Infinity, s);
+    using w = mx.where(gone, 0, ex, s);
+    using wl = mx.multiply(w, pl!, s);
+    using den = mx.sum(wl, -1, { keepdims: true, ...so });
+    using w3 = mx.expand_dims(w, -1, s);
+    using wo = mx.multiply(po!, w3, s);
+    using acc = mx.sum(wo, 1, so);
+    using out = mx.divide(acc, den, s);
+    using typed = mx.astype(out, q!.dtype, s);
+    return [mx.reshape(typed, [B, H, 1, dv], s)];
+  },
+  launch: ([po, , , q]) => {
+    const dv = po!.shape[2]!;
+    return {
+      output_shapes: [[q!.shape[0]!, q!.shape[1]!, 1, dv]],
+      output_dtypes: [q!.dtype],
+      grid: [dv, po!.shape[0]!, 1],
+      threadgroup: [Math.min(dv, 256), 1, 1],
+      template: [
+        ["T", q!.dtype],
+        ["DV", dv],
+      ],
+    };
+  },
+});
+
+/** The attention output [B, Hq, 1, Dv] in q's dtype from the partials of pass 1. */
+export function combinePartials(partials: readonly MlxArray[], q: MlxArray, s?: Stream): MlxArray {
+  return decodeCombineKernel.run([partials[0]!, partials[1]!, partials[2]!, q], s ? { stream: s } : {})[0]!;
+}

@@ -1,0 +1,135 @@
+// The launch plan of the fused decode-attention kernels (how tokens and query heads are split
+// over warps), the mask they read, and the reference composition of pass 1 (partials) in
+// plain ops. docs/kv-cache-kernels.md explains the design.
+import { isFloating, MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import type { Mask } from "../types.ts";
+
+/** Largest head dim the kernels take (each lane holds D/32 elements of a query and an output). */
+export const DECODE_MAX_DIM = 512;
+/** Warps per threadgroup (128 threads). */
+export const DECODE_WARPS = 4;
+/** Split tokens until at most this many warps run: enough to fill a GPU, few partials to merge. */
+const MAX_WARPS = 1024;
+/** Floats per lane for the queries (and as many for the accumulators) a warp carries. */
+const LANE_FLOATS = 32;
+
+export interface DecodePlan {
+  batch: number;
+  qHeads: number;
+  kvHeads: number;
+  /** Query heads per KV head (GQA). */
+  nRep: number;
+  dk: number;
+  dv: number;
+  tokens: number;
+  /** Query heads one warp carries (a divisor of nRep); nRep / reps warps share each token run. */
+  reps: number;
+  /** Tokens per warp (a power of two ≥ 32). */
+  tpw: number;
+  /** Token runs (partials) per query head: ceil(tokens / tpw). */
+  parts: number;
+}
+
+/** The plan for q [B, Hq, 1, Dk] over `tokens` cached tokens of `kvHeads` heads, or why the kernels cannot take it. */
+export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number, tokens: number): DecodePlan | string {
+  if (q.ndim !== 4) return `queries must be [B, Hq, 1, D], got ${q.describe()}`;
+  const [batch, qHeads, L, qd] = q.shape as [number, number, number, number];
+  if (L !== 1) return `decode kernels take one query token, got ${L}`;
+  if (!isFloating(q.dtype) || q.dtype === "float64") return `queries must be float32, bfloat16 or float16, got ${q.dtype}`;
+  if (qd !== dk) return `query dim ${qd} differs from the key dim ${dk}`;
+  if (qHeads % kvHeads !== 0) return `${qHeads} query heads are not a multiple of ${kvHeads} KV heads`;
+  for (const [n, d] of [["key", dk], ["value", dv]] as const) {
+    if (d % 32 !== 0 || d > DECODE_MAX_DIM) return `${n} head dim ${d} must be a multiple of 32 up to ${DECODE_MAX_DIM}`;
+  }
+  if (tokens < 1) return "no cached tokens";
+  const nRep = qHeads / kvHeads;
+  const perHead = Math.max(dk, dv) / 32;
+  let reps = 1;
+  for (let r = nRep; r >= 1; r--) {
+    if (nRep % r === 0 && r * perHead <= LANE_FLOATS) {
+      reps = r;
+      break;
+    }
+  }
+  const rows = batch * kvHeads * (nRep / reps);
+  let tpw = 32;
+  while (rows * Math.ceil(tokens / tpw) > MAX_WARPS && tpw < tokens) tpw *= 2;
+  return { batch, qHeads, kvHeads, nRep, dk, dv, tokens, reps, tpw, parts: Math.ceil(tokens / tpw) };
+}
+
+/** Grid, threadgroup and the plan's template arguments (shared by both pass-1 kernels). */
+export function partialsLaunch(p: DecodePlan, mask: MlxArray) {
+  const warps = Math.ceil(p.parts / DECODE_WARPS) * DECODE_WARPS;
+  const rows = p.batch * p.qHeads;
+  return {
+    output_shapes: [[rows, p.parts, p.dv], [rows, p.parts], [rows, p.parts]],
+    output_dtypes: ["float32", "float32", "float32"] as const,
+    grid: [warps * 32, p.batch * p.kvHeads, p.nRep / p.reps] as [number, number, number],
+    threadgroup: [DECODE_WARPS * 32, 1, 1] as [number, number, number],
+    template: [
+      ["DK", p.dk],
+      ["DV", p.dv],
+      ["NREP", p.nRep],
+      ["REPS", p.reps],
+      ["TPW", p.tpw],
+      ["MASK_MODE", mask.dtype === "bool" ? 1 : 2],
+    ] as [string, number][],
+  };
+}
+
+/**
+ * The mask as the kernels read it: an owned [1 or B, 1, 1, T] array (boolean: true = visible;
+ * or additive). No mask and "causal" (one query at the last position sees every key) become a
+ * single `true`. Null when the mask has another form (per-head masks): the unfused path takes it.
+ */
+export function decodeMask(mask: Mask, batch: number, tokens: number): MlxArray | null {
+  if (mask === null || mask === "causal") return MlxArray.fromNumbers([1], [1, 1, 1, 1], "bool");
+  if (mask.ndim > 4 || mask.ndim < 1) return null;
+  if (mask.dtype !== "bool" && (!isFloating(mask.dtype) || mask.dtype === "float64")) return null;
+  const s = [...new Array<number>(4 - mask.ndim).fill(1), ...mask.shape];
+  if (s[1] !== 1 || s[2] !== 1 || s[3] !== tokens || (s[0] !== 1 && s[0] !== batch)) return null;
+  return mx.reshape(mask, s);
+}
+
+/** Check a mask input of the kernels (the form decodeMask makes). */
+export function checkMask(mask: MlxArray, batch: number, tokens: number): string | null {
+  const s = mask.shape;
+  if (mask.ndim !== 4 || s[1] !== 1 || s[2] !== 1 || (s[0] !== 1 && s[0] !== batch) || (s[3] !== tokens && mask.size !== 1)) {
+    return `mask ${mask.describe()} must be [1 or ${batch}, 1, 1, ${tokens}] (or one element)`;
+  }
+  if (mask.dtype !== "bool" && (!isFloating(mask.dtype) || mask.dtype === "float64")) return `mask must be boolean or float, got ${mask.dtype}`;
+  return null;
+}
+
+/**
+ * Pass 1 in plain ops, float32 throughout: scores q·Kᵀ of every query head, the mask (hidden
+ * keys score −FLT_MAX), then per run of `tpw` tokens the max m, l = Σ exp(s − m) and
+ * o = Σ exp(s − m) v. Keys/values come decoded to float32 [B, Hkv, T, D]. Returns
+ * [o [B·Hq, parts, Dv], m, l [B·Hq, parts]] as the sources lay them out.
+ */
+export function referencePartials(p: DecodePlan, qs: MlxArray, keys: MlxArray, values: MlxArray, mask: MlxArray, s?: Stream): MlxArray[] {
+  const { batch: B, kvHeads: H, nRep: R, parts: P, tpw, tokens: T, dv } = p;
+  const pad = P * tpw - T;
+  const so = s ? { stream: s } : {};
+  using q32 = mx.astype(qs, "float32", s);
+  using q5 = mx.reshape(q32, [B, H, R, p.dk], s);
+  using kt = mx.transpose(keys, [0, 1, 3, 2], s);
+  using raw = mx.matmul(q5, kt, s); // [B, H, R, T]
+  using m32 = mask.dtype === "bool" ? mask.retain() : mx.astype(mask, "float32", s);
+  using masked = mask.dtype === "bool" ? mx.where(m32, raw, -3.4028234663852886e38, s) : mx.add(raw, m32, s);
+  using padded = pad ? mx.pad(masked, [[0, 0], [0, 0], [0, 0], [0, pad]], { constant_values: -Infinity, ...so }) : masked.retain();
+  using s5 = mx.reshape(padded, [B, H, R, P, tpw], s);
+  using mrun = mx.max(s5, -1, { keepdims: true, ...so });
+  using diff = mx.subtract(s5, mrun, s);
+  using ex = mx.exp(diff, s);
+  using gone = mx.equal(s5, -Infinity, s);
+  using e = mx.where(gone, 0, ex, s);
+  using l = mx.sum(e, -1, so);
+  using vpad = pad ? mx.pad(values, [[0, 0], [0, 0], [0, pad], [0, 0]], so) : values.retain();
+  using v5 = mx.reshape(vpad, [B, H, P, tpw, dv], s);
+  using et = mx.transpose(e, [0, 1, 3, 2, 4], s); // [B, H, P, R, tpw]
+  using ot = mx.matmul(et, v5, s); // [B, H, P, R, Dv]
+  using o = mx.transpose(ot, [0, 1, 3, 2, 4], s); // [B, H, R, P, Dv]
+  return [mx.reshape(o, [B * H * R, P, dv], s), mx.reshape(mrun, [B * H * R, P], s), mx.reshape(l, [B * H * R, P], s)];
+}

@@ -1,0 +1,188 @@
+// Kernel source text shared by the fused decode-attention kernels (affine and TurboQuant):
+// the pass-1 body (online softmax over one warp's run of tokens, partials out) with the key
+// and value decoding spliced in, and the per-backend spellings of the few intrinsics used.
+// Layout and numerics: docs/kv-cache-kernels.md.
+
+export type Backend = "metal" | "cuda";
+
+interface Ops {
+  /** Per-warp (CUDA) / per-simdgroup (Metal) index variables. */
+  prelude: string;
+  exp: string;
+  max: string;
+  negInf: string;
+  warpSum: (x: string) => string;
+}
+
+const OPS: Record<Backend, Ops> = {
+  // Grid x counts threads: 32 per partial; y = b·Hkv + h; z = the group of REPS query heads.
+  cuda: {
+    prelude: `
+  const int lane = (int)(threadIdx.x & 31u);
+  const int64_t part = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int bh = (int)blockIdx.y;
+  const int rg = (int)blockIdx.z;`,
+    exp: "expf",
+    max: "fmaxf",
+    negInf: "(-cuda::std::numeric_limits<float>::infinity())",
+    warpSum: (x) =>
+      `for (int off = 16; off > 0; off >>= 1) ${x} += __shfl_xor_sync(0xffffffffu, ${x}, off);`,
+  },
+  // Metal: simdgroups are 32 lanes of consecutive thread indices of a 1-D threadgroup.
+  metal: {
+    prelude: `
+  const int lane = (int)thread_index_in_simdgroup;
+  const int64_t part = (int64_t)(thread_position_in_grid.x >> 5);
+  const int bh = (int)thread_position_in_grid.y;
+  const int rg = (int)thread_position_in_grid.z;`,
+    exp: "metal::precise::exp",
+    max: "metal::fmax",
+    negInf: "(-metal::numeric_limits<float>::infinity())",
+    warpSum: (x) => `${x} = metal::simd_sum(${x});`,
+  },
+};
+
+/** -FLT_MAX: the score of a key a boolean mask hides (finite, so a fully hidden row is uniform, as in the reference). */
+const HIDDEN = "-3.4028234663852886e38f";
+
+/**
+ * Affine key/value decode for lane `lane`, token `t`: element e of the row is bits
+ * [e·BITS mod 32, +BITS) of uint32 word e·BITS/32 (BITS ∈ {2, 4, 8}: a code never straddles
+ * words), dequantized as code · scale + bias of group e / GROUP (mx.dequantize's formula).
+ */
+export function affineDecode(w: string, s: string, bias: string, out: string, n: string, bits: string, group: string): string {
+  return `
+    {
+      const int64_t wr = b * ${w}_strides[0] + h * ${w}_strides[1] + t * ${w}_strides[2];
+      const int64_t sr = b * ${s}_strides[0] + h * ${s}_strides[1] + t * ${s}_strides[2];
+      const int64_t br = b * ${bias}_strides[0] + h * ${bias}_strides[1] + t * ${bias}_strides[2];
+      for (int i = 0; i < ${n}; ++i) {
+        const int e = lane * ${n} + i;
+        const uint32_t word = ${w}[wr + ((e * ${bits}) >> 5) * ${w}_strides[3]];
+        const uint32_t code = (word >> ((e * ${bits}) & 31)) & ((1u << ${bits}) - 1u);
+        const int g = e / ${group};
+        ${out}[i] = static_cast<float>(code) * static_cast<float>(${s}[sr + g * ${s}_strides[3]]) +
+            static_cast<float>(${bias}[br + g * ${bias}_strides[3]]);
+      }
+    }`;
+}
+
+/**
+ * TurboQuant value decode (the rotated value, as turbo_values): code d is bits [d·VB, +VB) of
+ * the row's little-endian byte stream (a 3-bit code may straddle two bytes); value =
+ * centroid · scale rounded to T, exactly the reference's rounding.
+ */
+export const TURBO_VALUE_DECODE = `
+    {
+      const int64_t cr = b * vc_strides[0] + h * vc_strides[1] + t * vc_strides[2];
+      const float sc = static_cast<float>(vs[b * vs_strides[0] + h * vs_strides[1] + t * vs_strides[2]]);
+      for (int i = 0; i < EV; ++i) {
+        const int bit = (lane * EV + i) * VB;
+        uint32_t word = (uint32_t)vc[cr + (bit >> 3) * vc_strides[3]];
+        if ((bit & 7) + VB > 8) word |= ((uint32_t)vc[cr + ((bit >> 3) + 1) * vc_strides[3]]) << 8;
+        const int code = (int)((word >> (bit & 7)) & ((1u << VB) - 1u));
+        vf[i] = static_cast<float>(static_cast<T>(centroids[code] * sc));
+      }
+    }`;
+
+/**
+ * Pass 1. One warp per (b, KV head h, group rg of REPS query heads, run `part` of TPW tokens).
+ * Lane l holds elements [l·EK, (l+1)·EK) of each query (EK = DK/32) and of each output
+ * accumulator (EV = DV/32). Per token: decode the key slice, REPS dot products reduced across
+ * the warp, the mask, decode the value slice, one online-softmax step per query head (running
+ * max m, sum l, unnormalized output o, all float32). Writes (o, m, l) for the run; pass 2
+ * (decode-combine.ts) merges the runs. Templates: T, DK, DV, NREP (query heads per KV head),
+ * REPS, TPW, MASK_MODE (1 boolean, 2 additive) and the decoders' own.
+ */
+export function partialsSource(backend: Backend, keyDecode: string, valueDecode: string): string {
+  const o = OPS[backend];
+  return `${o.prelude}
+  constexpr int EK = DK / 32;
+  constexpr int EV = DV / 32;
+  const int T_LEN = kw_shape[2];
+  const int HKV = kw_shape[1];
+  const int NP = (T_LEN + TPW - 1) / TPW;
+  if (part >= NP) return;
+  const int b = bh / HKV;
+  const int h = bh - b * HKV;
+  const int HQ = HKV * NREP;
+  float qv[REPS][EK];
+  float m[REPS];
+  float l[REPS];
+  float o[REPS][EV];
+  for (int r = 0; r < REPS; ++r) {
+    const int hq = h * NREP + rg * REPS + r;
+    for (int i = 0; i < EK; ++i) {
+      qv[r][i] = static_cast<float>(q[b * q_strides[0] + hq * q_strides[1] + (lane * EK + i) * q_strides[3]]);
+    }
+    m[r] = ${o.negInf};
+    l[r] = 0.0f;
+    for (int i = 0; i < EV; ++i) o[r][i] = 0.0f;
+  }
+  const int t0 = (int)part * TPW;
+  const int t1 = (t0 + TPW < T_LEN) ? t0 + TPW : T_LEN;
+  const int64_t mrow = (mask_shape[0] == 1 ? 0 : b) * mask_strides[0];
+  for (int t = t0; t < t1; ++t) {
+    float kf[EK];
+    ${keyDecode}
+    const float mval = static_cast<float>(mask[mrow + (mask_shape[3] == 1 ? 0 : t) * mask_strides[3]]);
+    float sc[REPS];
+    for (int r = 0; r < REPS; ++r) {
+      float acc = 0.0f;
+      for (int i = 0; i < EK; ++i) acc += qv[r][i] * kf[i];
+      ${o.warpSum("acc")}
+      if (MASK_MODE == 1) acc = (mval != 0.0f) ? acc : ${HIDDEN};
+      else acc += mval;
+      sc[r] = acc;
+    }
+    float vf[EV];
+    ${valueDecode}
+    for (int r = 0; r < REPS; ++r) {
+      const float mn = ${o.max}(m[r], sc[r]);
+      // exp(-inf - -inf) would be NaN: an all -inf (additive mask) prefix contributes nothing.
+      const float alpha = (m[r] == ${o.negInf}) ? 0.0f : ${o.exp}(m[r] - mn);
+      const float pr = (sc[r] == ${o.negInf}) ? 0.0f : ${o.exp}(sc[r] - mn);
+      l[r] = l[r] * alpha + pr;
+      for (int i = 0; i < EV; ++i) o[r][i] = o[r][i] * alpha + pr * vf[i];
+      m[r] = mn;
+    }
+  }
+  for (int r = 0; r < REPS; ++r) {
+    const int64_t row = (int64_t)b * HQ + h * NREP + rg * REPS + r;
+    const int64_t at = row * NP + part;
+    for (int i = 0; i < EV; ++i) po[at * DV + lane * EV + i] = o[r][i];
+    if (lane == 0) {
+      pm[at] = m[r];
+      pl[at] = l[r];
+    }
+  }
+`;
+}
+
+/**
+ * Pass 2: thread d of row (b·Hq + hq) merges the NP runs of that row:
+ * M = max m_p, w_p = exp(m_p − M), out_d = Σ w_p o_p,d / Σ w_p l_p, rounded once to T.
+ */
+export function combineSource(backend: Backend): string {
+  const o = OPS[backend];
+  const prelude =
+    backend === "cuda"
+      ? "  const int d = (int)(blockIdx.x * blockDim.x + threadIdx.x);\n  const int64_t row = (int64_t)blockIdx.y;"
+      : "  const int d = (int)thread_position_in_grid.x;\n  const int64_t row = (int64_t)thread_position_in_grid.y;";
+  return `${prelude}
+  if (d >= DV) return;
+  const int NP = pm_shape[1];
+  const int64_t base = row * NP;
+  float mmax = ${o.negInf};
+  for (int p = 0; p < NP; ++p) mmax = ${o.max}(mmax, pm[base + p]);
+  float den = 0.0f;
+  float acc = 0.0f;
+  for (int p = 0; p < NP; ++p) {
+    const float mp = pm[base + p];
+    const float w = (mp == ${o.negInf}) ? 0.0f : ${o.exp}(mp - mmax);
+    den += w * pl[base + p];
+    acc += w * po[(base + p) * DV + d];
+  }
+  out[row * DV + d] = static_cast<T>(acc / den);
+`;
+}

@@ -1,0 +1,186 @@
+// A CPU stand-in for the little of CUDA that the mlx-bun kernel bodies use, so
+// check_cuda_kernels.py --emulate can compile a body with g++ exactly as MLX's cuda_kernel
+// wraps it (same generated signature) and run it on a machine without a GPU. Every thread of a
+// block is a fiber (ucontext); blocks are spread over a few OS threads. __shfl_xor_sync is a
+// two-phase exchange: write the lane's slot, yield, read the partner's, yield. The scheduler
+// runs every live lane of a warp once per round, so lanes must reach each shuffle together (as
+// on a GPU, where all 32 lanes are named in the mask); a lane that does not is reported.
+// It checks the arithmetic, indexing and control flow of a body, not its speed or its memory
+// model beyond warp-synchronous shuffles (no __syncthreads, no shared memory: none is used).
+#pragma once
+#include <ucontext.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __grid_constant__
+
+namespace cuda {
+namespace std {
+using ::std::numeric_limits;
+}
+}  // namespace cuda
+
+constexpr int MAX_NDIM = 10;
+using Shape = std::array<int32_t, MAX_NDIM>;
+using Strides = std::array<int64_t, MAX_NDIM>;
+
+struct __nv_bfloat16 {
+  uint16_t bits;
+  __nv_bfloat16() = default;
+  __nv_bfloat16(float f) {  // round to nearest even, as __float2bfloat16
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      bits = 0x7fc0;
+      return;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    bits = (uint16_t)(u >> 16);
+  }
+  operator float() const {
+    uint32_t u = (uint32_t)bits << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
+struct __half {
+  _Float16 v;
+  __half() = default;
+  __half(float f) : v((_Float16)f) {}
+  operator float() const { return (float)v; }
+};
+
+struct dim3 {
+  unsigned int x = 1, y = 1, z = 1;
+};
+
+namespace emu {
+struct Fiber {
+  ucontext_t ctx;
+  bool done = false;
+  long syncs = 0;
+};
+struct Block {
+  ucontext_t sched;
+  std::vector<Fiber> fibers;
+  std::vector<float> slots;
+};
+inline thread_local Block* block = nullptr;
+inline thread_local int tid = 0;
+inline void yield() {
+  Fiber& f = block->fibers[tid];
+  ++f.syncs;
+  swapcontext(&f.ctx, &block->sched);
+}
+}  // namespace emu
+
+inline thread_local dim3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+inline float __shfl_xor_sync(unsigned, float v, int off) {
+  const int warp = emu::tid & ~31;
+  emu::block->slots[emu::tid] = v;
+  emu::yield();
+  float r = emu::block->slots[warp + ((emu::tid & 31) ^ off)];
+  emu::yield();
+  return r;
+}
+
+namespace cooperative_groups {
+struct grid_group {
+  unsigned long long thread_rank() const {
+    unsigned long long block = ((unsigned long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    unsigned long long n = (unsigned long long)blockDim.x * blockDim.y * blockDim.z;
+    return block * n + ((unsigned long long)threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+  }
+};
+inline grid_group this_grid() { return {}; }
+}  // namespace cooperative_groups
+
+using ::fmaxf;
+using ::expf;
+using ::tanhf;
+
+namespace emu {
+template <class F>
+struct Entry {
+  static inline thread_local F* body = nullptr;
+  static void run() {
+    (*body)();
+    block->fibers[tid].done = true;
+    swapcontext(&block->fibers[tid].ctx, &block->sched);
+  }
+};
+}  // namespace emu
+
+/** Run `body()` for every thread of a grid of `grid` blocks of `block` threads. */
+template <class F>
+void emu_launch(dim3 grid, dim3 block, F body) {
+  gridDim = grid;
+  blockDim = block;
+  const int n = (int)(block.x * block.y * block.z);
+  const long nblocks = (long)grid.x * grid.y * grid.z;
+  const int workers = (int)std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+  constexpr size_t STACK = 128 * 1024;
+  auto work = [&](int w) {
+    emu::Block b;
+    b.fibers.resize(n);
+    b.slots.assign(n, 0.0f);
+    std::vector<char> stacks((size_t)n * STACK);
+    emu::block = &b;
+    F local = body;
+    emu::Entry<F>::body = &local;
+    for (long id = w; id < nblocks; id += workers) {
+      blockIdx = {(unsigned)(id % grid.x), (unsigned)((id / grid.x) % grid.y), (unsigned)(id / ((long)grid.x * grid.y))};
+      for (int t = 0; t < n; ++t) {
+        emu::Fiber& f = b.fibers[t];
+        f.done = false;
+        f.syncs = 0;
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = stacks.data() + (size_t)t * STACK;
+        f.ctx.uc_stack.ss_size = STACK;
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, &emu::Entry<F>::run, 0);
+      }
+      for (bool live = true; live;) {
+        live = false;
+        for (int t = 0; t < n; ++t) {
+          emu::Fiber& f = b.fibers[t];
+          if (f.done) continue;
+          emu::tid = t;
+          threadIdx = {(unsigned)(t % block.x), (unsigned)((t / block.x) % block.y), (unsigned)(t / (block.x * block.y))};
+          swapcontext(&b.sched, &f.ctx);
+          live = live || !f.done;
+        }
+        // Lanes of a warp that are still running must have reached the same shuffle.
+        for (int t = 0; t < n; ++t) {
+          const emu::Fiber& f = b.fibers[t];
+          const emu::Fiber& first = b.fibers[t & ~31];
+          const bool split = f.done != first.done && (f.done ? first.syncs > f.syncs : f.syncs > first.syncs);
+          if ((!f.done && !first.done && f.syncs != first.syncs) || split) {
+            std::fprintf(stderr, "cuda_emu: lanes %d and %d of a warp diverged at a shuffle\n", t & ~31, t);
+            std::abort();
+          }
+        }
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 0; w < workers; ++w) pool.emplace_back(work, w);
+  for (auto& th : pool) th.join();
+}
