@@ -183,6 +183,34 @@ const variants: Record<string, () => Promise<number>> = {
   },
 };
 
+// (c) once more, timing its three phases per token: graph build, the asyncEval call itself (on a
+// GPU, MLX encodes the kernels in the calling thread) and the wait in item().
+const phases = { build: 0, asyncEval: 0, wait: 0 };
+{
+  const s = prefilled();
+  let cur = step(s.seq, s.tok, s.caches);
+  asyncEval(cur.token, cur.logprobs);
+  for (let i = 0; i < N; i++) {
+    const t0 = performance.now();
+    const next = step(s.seq, cur.token, s.caches);
+    const t1 = performance.now();
+    asyncEval(next.token, next.logprobs);
+    const t2 = performance.now();
+    cur.token.item();
+    const t3 = performance.now();
+    phases.build += t1 - t0;
+    phases.asyncEval += t2 - t1;
+    phases.wait += t3 - t2;
+    cur.token.dispose();
+    cur.logprobs.dispose();
+    cur = next;
+  }
+  cur.token.item();
+  cur.token.dispose();
+  cur.logprobs.dispose();
+  done(s);
+}
+
 const res: Record<string, number[]> = {};
 for (const k of Object.keys(variants)) await variants[k]!(); // warm-up
 for (let r = 0; r < REPS; r++) {
@@ -193,4 +221,5 @@ for (let r = 0; r < REPS; r++) {
 process.stderr.write("\n");
 const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
 console.log(`decode profile: ${model.split("/").at(-1)}, ${prompt.length}-token prompt, ${N} tokens, ${REPS} reps (ms per token, min / median)`);
+console.log(`(c) per phase, ms per token: build ${(phases.build / N).toFixed(2)}, asyncEval call ${(phases.asyncEval / N).toFixed(2)}, wait in item() ${(phases.wait / N).toFixed(2)}`);
 for (const [k, xs] of Object.entries(res)) console.log(`${k.padEnd(42)} ${Math.min(...xs).toFixed(2).padStart(7)} / ${med(xs).toFixed(2).padStart(7)}`);

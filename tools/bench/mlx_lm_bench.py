@@ -10,6 +10,9 @@ compare.ts sends {"cmd": ..., ...}; the twin answers one line {"ok": true, ...} 
 Commands (token ids always come from compare.ts, so both sides run the same prompts):
   load      {model}                     mlx_lm.load; answers weights bytes (active memory)
   decode    {prompt, n}                 generate_step, greedy: ttft, decode seconds, tokens
+  load_draft {model}                    mlx_lm.load of a draft model for spec_decode
+  spec_decode {prompt, n, k}            speculative_generate_step, greedy, k draft tokens per round:
+                                        ttft, decode seconds, tokens, from_draft flags
   prefill   {prompt}                    generate_step with max_tokens=1: seconds to the first token
   steps     {prompt, n}                 unpipelined decode: graph-build and eval seconds per step
   kv        {n}                         KV bytes held after prefilling n tokens, per cache mode
@@ -53,6 +56,30 @@ def _decode(prompt: list[int], n: int) -> dict:
             t_first = time.perf_counter()
     t_end = time.perf_counter()
     return {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "tokens": toks}
+
+
+def _load_draft(model: str) -> dict:
+    from mlx_lm import load
+
+    m, _ = load(model)
+    mx.eval(m.parameters())
+    state.update(draft=m)
+    return {"active_bytes": mx.get_active_memory()}
+
+
+def _spec_decode(prompt: list[int], n: int, k: int) -> dict:
+    from mlx_lm.generate import speculative_generate_step
+
+    t0 = time.perf_counter()
+    t_first = None
+    toks, from_draft = [], []
+    for y, _, fd in speculative_generate_step(mx.array(prompt), state["model"], state["draft"], num_draft_tokens=k, max_tokens=n):
+        toks.append(int(y))
+        from_draft.append(bool(fd))
+        if t_first is None:
+            t_first = time.perf_counter()
+    t_end = time.perf_counter()
+    return {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "tokens": toks, "from_draft": from_draft}
 
 
 def _prefill(prompt: list[int]) -> dict:
@@ -154,6 +181,10 @@ def handle(req: dict) -> dict:
         return _load(req["model"])
     if cmd == "decode":
         return _decode(req["prompt"], int(req["n"]))
+    if cmd == "load_draft":
+        return _load_draft(req["model"])
+    if cmd == "spec_decode":
+        return _spec_decode(req["prompt"], int(req["n"]), int(req["k"]))
     if cmd == "prefill":
         return _prefill(req["prompt"])
     if cmd == "steps":

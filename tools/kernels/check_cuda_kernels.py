@@ -1,6 +1,6 @@
 """Try the CUDA sources exported by tools/kernels/export-sources.ts on a CUDA machine.
 
-Usage: python check_cuda_kernels.py kernel-sources.json [--only NAME] [--emulate]
+Usage: python check_cuda_kernels.py kernel-sources.json [--only NAME] [--match TEXT] [--emulate]
   (needs mlx + mlx-cuda-13; with --emulate: mlx (CPU) + g++ ≥ 12, no GPU)
 
 Each kernel's CUDA body runs through mx.fast.cuda_kernel on the cases below and is compared with
@@ -96,14 +96,13 @@ def plan(b, hq, hkv, dk, dv, t):
     tpw = 32
     while rows * math.ceil(t / tpw) > MAX_WARPS and tpw < t:
         tpw *= 2
-    return dict(b=b, hq=hq, hkv=hkv, n_rep=n_rep, dk=dk, dv=dv, t=t, reps=reps, tpw=tpw, parts=math.ceil(t / tpw))
+    return dict(b=b, hq=hq, hkv=hkv, n_rep=n_rep, dk=dk, dv=dv, t=t, reps=reps, tpw=tpw, parts=math.ceil(t / (tpw * WARPS)))
 
 
 def partials_launch(p, mask, extra, dt):
     rows = p["b"] * p["hq"]
-    warps = math.ceil(p["parts"] / WARPS) * WARPS
     return dict(
-        grid=(warps * 32, p["b"] * p["hkv"], p["n_rep"] // p["reps"]), threadgroup=(WARPS * 32, 1, 1),
+        grid=(p["parts"] * WARPS * 32, p["b"] * p["hkv"], p["n_rep"] // p["reps"]), threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[(rows, p["parts"], p["dv"]), (rows, p["parts"]), (rows, p["parts"])],
         output_dtypes=[mx.float32] * 3,
         template=[("T", dt), ("DK", p["dk"]), ("DV", p["dv"]), ("NREP", p["n_rep"]), ("REPS", p["reps"]),
@@ -111,8 +110,8 @@ def partials_launch(p, mask, extra, dt):
 
 
 def ref_partials(p, qs, keys, values, mask):
-    """decode-plan.ts referencePartials: per run of tpw tokens (o, m, l) in float32."""
-    B, H, R, P, tpw, T, dv = p["b"], p["hkv"], p["n_rep"], p["parts"], p["tpw"], p["t"], p["dv"]
+    """decode-plan.ts referencePartials: per threadgroup's WARPS·tpw tokens (o, m, l) in float32."""
+    B, H, R, P, tpw, T, dv = p["b"], p["hkv"], p["n_rep"], p["parts"], p["tpw"] * WARPS, p["t"], p["dv"]
     pad = P * tpw - T
     s = qs.astype(mx.float32).reshape(B, H, R, p["dk"]) @ keys.swapaxes(-1, -2)
     s = mx.where(mask, s, -3.4028234663852886e38) if mask.dtype == mx.bool_ else s + mask.astype(mx.float32)
@@ -380,6 +379,7 @@ def main() -> None:
     args = sys.argv[1:]
     emulate = "--emulate" in args
     only = args[args.index("--only") + 1] if "--only" in args else None
+    match = args[args.index("--match") + 1] if "--match" in args else ""
     specs = {s["name"]: s for s in json.load(open(args[0]))}
     if emulate:
         mx.set_default_device(mx.cpu)
@@ -401,6 +401,8 @@ def main() -> None:
             continue
         k = compiled(specs[name], emulate)
         for c in cases():
+            if match not in c.label:
+                continue
             p = c.p
             refs = ref_partials(p, c.qs, c.keys, c.values, c.mask)
             outs = k(**c.launch)

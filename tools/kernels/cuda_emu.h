@@ -1,12 +1,13 @@
 // A CPU stand-in for the little of CUDA that the mlx-bun kernel bodies use, so
 // check_cuda_kernels.py --emulate can compile a body with g++ exactly as MLX's cuda_kernel
 // wraps it (same generated signature) and run it on a machine without a GPU. Every thread of a
-// block is a fiber (ucontext); blocks are spread over a few OS threads. __shfl_xor_sync is a
+// block is a fiber (ucontext); blocks are spread over a few OS threads. __syncthreads parks a
+// thread until every live thread of the block has arrived. __shfl_xor_sync is a
 // two-phase exchange: write the lane's slot, yield, read the partner's, yield. The scheduler
 // runs every live lane of a warp once per round, so lanes must reach each shuffle together (as
 // on a GPU, where all 32 lanes are named in the mask); a lane that does not is reported.
 // It checks the arithmetic, indexing and control flow of a body, not its speed or its memory
-// model beyond warp-synchronous shuffles (no __syncthreads, no shared memory: none is used).
+// model beyond warp-synchronous shuffles and __syncthreads (__shared__ is per-block storage).
 #pragma once
 #include <ucontext.h>
 
@@ -26,6 +27,8 @@
 #define __device__
 #define __forceinline__ inline
 #define __grid_constant__
+// One copy per OS worker, which runs its blocks one after another: per-block shared memory.
+#define __shared__ static thread_local
 
 namespace cuda {
 namespace std {
@@ -73,6 +76,7 @@ namespace emu {
 struct Fiber {
   ucontext_t ctx;
   bool done = false;
+  bool at_barrier = false;
   long syncs = 0;
 };
 struct Block {
@@ -91,6 +95,12 @@ inline void yield() {
 
 inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
+
+/** Wait until every live thread of the block is here. */
+inline void __syncthreads() {
+  emu::block->fibers[emu::tid].at_barrier = true;
+  emu::yield();
+}
 
 inline float __shfl_xor_sync(unsigned, float v, int off) {
   const int warp = emu::tid & ~31;
@@ -159,9 +169,18 @@ void emu_launch(dim3 grid, dim3 block, F body) {
       }
       for (bool live = true; live;) {
         live = false;
+        // A barrier opens once every live thread waits at it.
+        bool all = true;
+        for (const auto& f : b.fibers) all = all && (f.done || f.at_barrier);
+        if (all)
+          for (auto& f : b.fibers) f.at_barrier = false;
         for (int t = 0; t < n; ++t) {
           emu::Fiber& f = b.fibers[t];
           if (f.done) continue;
+          if (f.at_barrier) {
+            live = true;
+            continue;
+          }
           emu::tid = t;
           threadIdx = {(unsigned)(t % block.x), (unsigned)((t / block.x) % block.y), (unsigned)(t / (block.x * block.y))};
           swapcontext(&b.sched, &f.ctx);

@@ -28,4 +28,4 @@ export { turboValues, turboValuesKernel } from "./kernels/turbo-values.ts";
 export { AFFINE_DECODE_BITS, affineDecodeAttention, affineDecodeKernel } from "./kernels/affine-decode.ts";
 export { TURBO_DECODE_K_BITS, turboDecodeAttention, turboDecodeKernel } from "./kernels/turbo-decode.ts";
 export { combinePartials, decodeCombineKernel } from "./kernels/decode-combine.ts";
-export { DECODE_MAX_DIM, type DecodePlan, decodeMask, decodePlan } from "./kernels/decode-plan.ts";
+export { DECODE_MAX_DIM, DECODE_WARPS, type DecodePlan, decodeMask, decodePlan } from "./kernels/decode-plan.ts";

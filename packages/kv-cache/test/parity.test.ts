@@ -5,6 +5,10 @@ import { type Cache, KVCache, type Mask, RotatingKVCache, affineCodec } from "..
 import { type CacheStep, cacheOracle } from "../../../tools/oracle/oracle.ts";
 import { exactDiff } from "../../../tools/oracle/compare.ts";
 
+// Parity is with mlx-lm's unfused algorithm; where a GPU backend is live, decode steps would
+// take the fused kernels instead (tested against it in decode-kernels.test.ts).
+process.env.MLX_BUN_KERNELS = "reference";
+
 const B = 1;
 const H = 2;
 const HQ = 4;

@@ -204,7 +204,14 @@ export class RequestError extends MlxError {
   override name = "RequestError";
 }
 
-export function validateRequest(req: GenerateRequest, engine: Engine): void {
+/** What validateRequest reads of an engine (the serve worker of tensor-parallel ranks checks requests with these limits). */
+export interface RequestLimits {
+  readonly maxContext: number;
+  readonly maxKvSize: number | undefined;
+  readonly loaded: { tokenizer: { vocabSize: number } };
+}
+
+export function validateRequest(req: GenerateRequest, engine: RequestLimits): void {
   const vocab = engine.loaded.tokenizer.vocabSize;
   if (!Array.isArray(req.promptIds) || req.promptIds.length === 0) throw new RequestError("prompt is empty");
   for (const t of req.promptIds) {

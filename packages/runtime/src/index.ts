@@ -3,7 +3,7 @@
  * streaming), continuous batching, prompt-cache reuse and KV persistence.
  */
 export * from "./types.ts";
-export { Engine, type EngineOptions, type PrefillProgress, RequestError, type RunOptions, validateRequest } from "./engine.ts";
+export { Engine, type EngineOptions, type PrefillProgress, RequestError, type RequestLimits, type RunOptions, validateRequest } from "./engine.ts";
 export { KeyStream, logSoftmax, processLogits, type ResolvedSampling, resolveSampling, sample, temperedLogits } from "./sampling.ts";
 export { StopMatcher } from "./stop.ts";
 export { EventChannel } from "./stream.ts";

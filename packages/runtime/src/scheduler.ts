@@ -102,9 +102,9 @@ export class Scheduler {
     return this.#signatures;
   }
 
-  /** Requests running or waiting. */
+  /** Requests running, being prefilled or waiting. */
   get active(): number {
-    return this.#rows.length + this.#pending.length;
+    return this.#rows.length + (this.#prefill?.rows.length ?? 0) + this.#pending.length;
   }
 
   /** Requests in the decode batch now. */
@@ -377,19 +377,23 @@ export class Scheduler {
         }
         asyncEval(...picks.flatMap((p) => [p.token, p.logprobs]));
       }
-      // Read step t while step t+1 evaluates.
-      rows.forEach((r, i) => {
+      // Read step t while step t+1 evaluates (the rows own the step-t+1 picks from here).
+      const prevs = rows.map((r, i) => {
         const prev = r.next;
         r.next = picks[i] ?? null;
-        if (!prev) return;
-        try {
-          if (r.seq.req.signal?.aborted) r.seq.cancel();
-          else if (!r.seq.done) r.seq.accept(prev);
-        } finally {
-          disposePick(prev);
-        }
+        return prev;
       });
       picks.length = 0;
+      try {
+        rows.forEach((r, i) => {
+          const prev = prevs[i];
+          if (!prev) return;
+          if (r.seq.req.signal?.aborted) r.seq.cancel();
+          else if (!r.seq.done) r.seq.accept(prev);
+        });
+      } finally {
+        for (const p of prevs) if (p) disposePick(p);
+      }
       for (const r of rows) {
         if (r.seq.req.signal?.aborted) r.seq.cancel();
         if (r.seq.done || !r.next || !r.seq.needsHistory) continue;

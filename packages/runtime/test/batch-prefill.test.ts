@@ -91,7 +91,7 @@ describe("batched prefill", () => {
     });
   }
 
-  for (const name of ["small", "dense"]) {
+  for (const name of ["small", "dense", "moe"]) {
     test(`${name}: greedy tokens and log-probabilities equal mlx-lm's BatchGenerator on the same batch (prefill step 16)`, async () => {
       using e = Engine.load(models.path(name), { prefillStep: 16 });
       const reqs: GenerateRequest[] = [...EARLY, ...LATE].map((n, i) => ({ promptIds: prompt(i, n), maxTokens: 5 + i, logprobs: 0 }));
@@ -149,8 +149,48 @@ describe("batched prefill", () => {
   });
 });
 
+describe("prefill groups", () => {
+  test("a short prompt splits off its group and decodes between the long prompts' chunks; a row cancelled mid-prefill leaves; memory returns to baseline", async () => {
+    using e = Engine.load(models.path("small"), { prefillStep: 4 });
+    const reqs: GenerateRequest[] = [
+      { promptIds: prompt(1, 3), maxTokens: 30, logprobs: 0 },
+      { promptIds: prompt(2, 60), maxTokens: 6, logprobs: 0 },
+      { promptIds: prompt(3, 50), maxTokens: 6, logprobs: 0 },
+    ];
+    const solo = await alone(e, reqs);
+    memory.clearCache();
+    const base = memory.active();
+    const handles = memory.liveHandles();
+    const sched = new Scheduler(e);
+    const ac = new AbortController();
+    let shortTokens = 0;
+    let shortAtLongFirst = -1;
+    const short = drain(sched.submit(reqs[0]!), (n) => {
+      shortTokens = n;
+      if (n === 1) ac.abort();
+    });
+    const cancelled = sched.submit({ ...reqs[1]!, signal: ac.signal });
+    const long = drain(sched.submit(reqs[2]!), (n) => {
+      if (n === 1) shortAtLongFirst = shortTokens;
+    });
+    const [a, c] = await Promise.all([short, long]);
+    const b = await cancelled.result;
+    await sched.close();
+    expect(sched.stats.prefills).toBe(1);
+    expect(b.finishReason).toBe("cancelled");
+    expect(b.tokens).toEqual([]);
+    expect(a).toEqual(solo[0]);
+    expect(c).toEqual(solo[2]);
+    // 49 prompt tokens in chunks of 4: the short row decoded between them (one step per chunk).
+    expect(shortAtLongFirst).toBeGreaterThanOrEqual(10);
+    memory.clearCache();
+    expect(memory.liveHandles()).toBe(handles);
+    expect(memory.active()).toBe(base);
+  });
+});
+
 describe("pipelined decode", () => {
-  test("rows with penalties, seeded sampling, logit bias and greedy rows decode together; each equals its solo run", async () => {
+  test("rows with penalties, seeded sampling, logit bias, max_tokens 1, a one-token prompt and greedy rows decode together; each equals its solo run", async () => {
     using e = Engine.load(models.path("small"));
     const reqs: GenerateRequest[] = [
       { promptIds: prompt(1, 9), maxTokens: 14, logprobs: 0 },
@@ -158,6 +198,7 @@ describe("pipelined decode", () => {
       { promptIds: prompt(3, 4), maxTokens: 12, logprobs: 0, sampling: { temperature: 0.9, seed: 7 } },
       { promptIds: prompt(4, 25), maxTokens: 8, logprobs: 0, sampling: { logitBias: { 9: 5 } } },
       { promptIds: prompt(5, 12), maxTokens: 1, logprobs: 0 },
+      { promptIds: [9], maxTokens: 5, logprobs: 0 },
     ];
     const solo = await alone(e, reqs);
     const sched = new Scheduler(e);

@@ -1,19 +1,22 @@
 // One rank of the tensor-parallel test (distributed.test.ts starts 1, 2 or 3 of these; with no
-// MLX_HOSTFILE it is the single-process run). Prints one JSON line from rank 0: per KV mode the
-// greedy tokens and the prompt's last-row logits; followers print {"rank": r, "leak": bytes}.
+// MLX_HOSTFILE it is the single-process run). It runs each model of a comma-separated list in
+// turn (one process start for all variants). Prints one JSON line from rank 0: per model and KV
+// mode the greedy tokens and the prompt's last-row logits; followers print {"rank": r, "leak": bytes}.
 import { memory, MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { loadModel, shardModel } from "@mlx-bun/models";
 import { Engine, followSteps, LeaderModel } from "@mlx-bun/runtime";
 
-const [dir, kvList, promptCsv, maxTokensArg, prefillArg] = process.argv.slice(2) as [string, string, string, string, string];
+const [dirList, kvList, promptCsv, maxTokensArg, prefillArg] = process.argv.slice(2) as [string, string, string, string, string];
 const prompt = promptCsv.split(",").map(Number);
 const maxTokens = Number(maxTokensArg);
 const prefillStep = Number(prefillArg);
 const base = memory.active();
 const out: Record<string, unknown> = {};
-{
-  using group = mx.distributed.init({ strict: process.env.MLX_HOSTFILE !== undefined, backend: "ring" });
+const group = mx.distributed.init({ strict: process.env.MLX_HOSTFILE !== undefined, backend: "ring" });
+for (const dir of dirList.split(",")) {
+  const res: Record<string, unknown> = {};
+  out[dir] = res;
   using loaded = loadModel(dir);
   const tp = shardModel(loaded, group);
   out.rank = group.rank();
@@ -40,7 +43,7 @@ const out: Record<string, unknown> = {};
           using logits = engine.forward(ids, caches);
           using last = mx.index(logits, 0, -1, ":");
           using f = mx.astype(last, "float32");
-          out[kv] = { tokens: r.tokens, finish: r.finishReason, margins, logits: Array.from(f.toTypedArray() as Float32Array) };
+          res[kv] = { tokens: r.tokens, finish: r.finishReason, margins, logits: Array.from(f.toTypedArray() as Float32Array) };
         } finally {
           for (const c of caches) c.dispose();
         }
@@ -50,6 +53,7 @@ const out: Record<string, unknown> = {};
     }
   }
 }
+group.dispose();
 memory.clearCache();
 out.leak = memory.active() - base;
 process.stdout.write(`${JSON.stringify(out)}\n`);

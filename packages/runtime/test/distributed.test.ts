@@ -1,5 +1,5 @@
 // Tensor-parallel Gemma 4 over the ring backend on loopback: 2 and 3 ranks give the same greedy
-// tokens as the single-process run, for each variant, bf16 and q8 KV caches.
+// tokens as the single-process run, for each variant and a 4-bit checkpoint, bf16 and q8 KV caches.
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
@@ -19,6 +19,9 @@ beforeAll(() => {
     // ulps) at its 10th greedy token with q8 KV, which the reordered all_sum flips on 2 ranks.
     dense: ["--variant", "dense", "--dtype", "float32", ...DIV6, "--set", "num_global_key_value_heads=6"],
     moe: ["--variant", "moe", "--dtype", "float32", ...DIV6, "--set", "num_global_key_value_heads=6", "--set", "moe_intermediate_size=96"],
+    // 4-bit weights: each rank keeps whole quantization groups (group 64), so down_proj's input
+    // 384 splits as 192 / 128 and o_proj's 6 x 64 as 192 / 128.
+    small4bit: ["--variant", "small", "--dtype", "float32", ...DIV6, "--set", "intermediate_size=384", "--quant", "4bit"],
   });
 });
 afterAll(() => models.cleanup());
@@ -76,29 +79,34 @@ async function runRanks(n: number, args: string[]): Promise<Out[]> {
 }
 
 const KV = ["bf16", "q8"];
+const VARIANTS = ["small", "dense", "moe", "small4bit"];
 describe("tensor-parallel Gemma 4 (ring backend, loopback)", () => {
-  for (const variant of ["small", "dense", "moe"]) {
-    test(`${variant}: greedy tokens of 2 and 3 ranks equal the single-process run (KV bf16, q8)`, async () => {
-      // Prefill in chunks of 8 so chunked prefill, the sliding window and decode all cross ranks.
-      const args = [models.path(variant), KV.join(","), PROMPT.join(","), "12", "8"];
-      const [single] = await runRanks(1, args);
-      for (const n of [2, 3]) {
-        const outs = await runRanks(n, args);
-        const lead = outs[0]!;
-        expect(lead.size).toBe(n);
+  test("each variant and 4-bit weights: greedy tokens of 2 and 3 ranks equal the single-process run (KV bf16, q8)", async () => {
+    // One process per rank runs all three variants in turn (process start and MLX init dominate).
+    // Prefill in chunks of 8 so chunked prefill, the sliding window and decode all cross ranks.
+    const dirs = VARIANTS.map((v) => models.path(v));
+    const args = [dirs.join(","), KV.join(","), PROMPT.join(","), "10", "8"];
+    const [single] = await runRanks(1, args);
+    for (const n of [2, 3]) {
+      const outs = await runRanks(n, args);
+      const lead = outs[0]!;
+      expect(lead.size).toBe(n);
+      for (const [vi, variant] of VARIANTS.entries()) {
+        const got = lead[dirs[vi]!];
+        const want = single![dirs[vi]!];
         for (const kv of KV) {
-          expect(lead[kv].tokens, `${variant} ${n} ranks kv ${kv}`).toEqual(single![kv].tokens);
-          expect(lead[kv].tokens.length).toBe(12);
+          expect(got[kv].tokens, `${variant} ${n} ranks kv ${kv}`).toEqual(want[kv].tokens);
+          expect(got[kv].tokens.length).toBe(10);
           // all_sum reorders the sums of o_proj/down_proj, so logits agree closely, not bit for bit.
-          const a = lead[kv].logits as number[];
-          const b = single![kv].logits as number[];
+          const a = got[kv].logits as number[];
+          const b = want[kv].logits as number[];
           const scale = Math.max(...b.map(Math.abs));
           const diff = Math.max(...a.map((v, i) => Math.abs(v - b[i]!)));
           expect(diff / scale, `${variant} ${n} ranks kv ${kv}: max |Δlogit| ${diff} of ${scale}`).toBeLessThan(0.05);
         }
-        // Every rank ends at the single-process run's memory residue (sharding and the step protocol add none).
-        for (const o of outs) expect(o.leak, `rank ${o.rank} memory`).toBe(single!.leak);
       }
-    });
-  }
+      // Every rank ends at the single-process run's memory residue (sharding and the step protocol add none).
+      for (const o of outs) expect(o.leak, `rank ${o.rank} memory`).toBe(single!.leak);
+    }
+  });
 });

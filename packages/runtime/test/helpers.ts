@@ -1,7 +1,7 @@
 // Shared by the runtime tests: tiny checkpoints (made once per file) and mlx-lm's generate_step.
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { runPython } from "../../../tools/oracle/oracle.ts";
 
@@ -10,7 +10,10 @@ const MAKER = join(ROOT, "tools", "make-tiny-model", "make_tiny_model.py");
 
 export function tinyModels(variants: Record<string, string[]>): { path(name: string): string; cleanup(): void } {
   const root = mkdtempSync(join(tmpdir(), "mlxb-rt-"));
-  for (const [name, args] of Object.entries(variants)) runPython([MAKER, "--out", join(root, name), ...args]);
+  // One Python process for all of them: starting Python and importing MLX is most of the cost.
+  const argvs = Object.entries(variants).map(([name, args]) => ["--out", join(root, name), ...args]);
+  const driver = `import json, sys; sys.path.insert(0, ${JSON.stringify(dirname(MAKER))}); import make_tiny_model as m\nfor a in json.loads(sys.argv[1]): m.main(a)`;
+  runPython(["-c", driver, JSON.stringify(argvs)]);
   return { path: (n) => join(root, n), cleanup: () => rmSync(root, { recursive: true, force: true }) };
 }
 
@@ -24,7 +27,8 @@ export function mlxLmGenerate(dir: string, ids: number[], maxTokens: number, pre
  * Target/draft pairs for speculative decoding, sharing the tiny tokenizer: per variant a float32
  * target (head_dim 64 so every KV codec applies) and its 4-bit quantization as a close draft; a
  * smaller random draft (2 layers, hidden 32); a draft with another vocabulary; a target with a
- * 64-token window (and its 4-bit draft) for comparisons where mlx-lm's window must not wrap.
+ * 64-token window (and its 4-bit draft), in float32 and in bf16, for comparisons where mlx-lm's
+ * window must not wrap.
  */
 export function speculativePairs(variants: string[]): Record<string, string[]> {
   const base = ["--dtype", "float32", "--set", "head_dim=64"];
@@ -34,6 +38,8 @@ export function speculativePairs(variants: string[]): Record<string, string[]> {
     "draft-vocab": [...small, "--set", "vocab_size=256", "--set", "vocab_size_per_layer_input=256"],
     w64: ["--variant", "small", ...base, "--set", "sliding_window=64"],
     "w64-draft4bit": ["--variant", "small", ...base, "--set", "sliding_window=64", "--quant", "4bit"],
+    "w64-bf16": ["--variant", "small", "--set", "head_dim=64", "--set", "sliding_window=64"],
+    "w64-bf16-draft4bit": ["--variant", "small", "--set", "head_dim=64", "--set", "sliding_window=64", "--quant", "4bit"],
   };
   for (const v of variants) {
     out[v] = ["--variant", v, ...base];
@@ -42,8 +48,10 @@ export function speculativePairs(variants: string[]): Record<string, string[]> {
   return out;
 }
 
-export function mlxLmSpeculative(target: string, draft: string, ids: number[], maxTokens: number, numDraft: number): { tokens: number[]; from_draft: boolean[] } {
-  return JSON.parse(
-    runPython([join(ROOT, "tools", "oracle", "speculative_oracle.py"), target, draft, "--ids", ids.join(","), "--max-tokens", String(maxTokens), "--num-draft-tokens", String(numDraft)]),
-  ) as { tokens: number[]; from_draft: boolean[] };
+/** mlx-lm's speculative tokens (and which came from the draft) and its plain greedy tokens, per [target, draft] pair, in one process. */
+export function mlxLmSpeculative(pairs: [string, string][], ids: number[], maxTokens: number, numDraft: number): { tokens: number[]; from_draft: boolean[]; plain: number[] }[] {
+  const out = JSON.parse(
+    runPython([join(ROOT, "tools", "oracle", "speculative_oracle.py"), ...pairs.flat(), "--ids", ids.join(","), "--max-tokens", String(maxTokens), "--num-draft-tokens", String(numDraft)]),
+  ) as { tokens: number[]; from_draft: boolean[]; plain: number[] } | { tokens: number[]; from_draft: boolean[]; plain: number[] }[];
+  return Array.isArray(out) ? out : [out];
 }

@@ -1,18 +1,20 @@
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { memory, MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { Engine, type GenerateRequest, rejectionSample, SpeculativeDecoder } from "../src/index.ts";
-import { mlxLmGenerate, mlxLmSpeculative, speculativePairs, tinyModels } from "./helpers.ts";
+import { Engine, type GenerateRequest, rejectionSample, Scheduler, SpeculativeDecoder } from "../src/index.ts";
+import { mlxLmSpeculative, speculativePairs, tinyModels } from "./helpers.ts";
 
-// Targets are float32 so that the verify pass (k + 1 tokens at once) and single-token steps
-// round alike: in bf16 two logits can tie in one path and not the other (docs/speculative.md).
+// Plain-greedy equality uses float32 targets, so that the verify pass (k + 1 tokens at once) and
+// single-token steps round alike: in bf16 two logits can tie in one path and not the other
+// (docs/speculative.md). bf16 targets are compared with mlx-lm's speculative output instead.
 let models: ReturnType<typeof tinyModels>;
 beforeAll(() => {
   models = tinyModels(speculativePairs(["small", "dense", "moe"]));
 });
 afterAll(() => models.cleanup());
 
-// 40 prompt tokens wrap the tiny models' sliding window of 8 before decoding starts; 5 wrap it during.
+// 40 prompt tokens wrap the tiny models' sliding window of 8 before decoding starts; 5 (+ 12
+// decoded) wrap it during.
 const LONG = Array.from({ length: 40 }, (_, i) => 7 + ((i * 53) % 300));
 const SHORT = LONG.slice(0, 5);
 
@@ -28,7 +30,7 @@ describe("greedy speculative output equals plain greedy output", () => {
         using close = Engine.load(models.path(`${variant}-draft4bit`), { kv });
         using small = Engine.load(models.path("draft-small"), { kv });
         for (const prompt of [LONG, SHORT]) {
-          const req = { promptIds: prompt, maxTokens: 20 };
+          const req = { promptIds: prompt, maxTokens: 12 };
           const plain = await tokens(target, req);
           for (const [draft, k] of [[close, 3], [small, 2]] as const) {
             const sd = new SpeculativeDecoder(target, draft, { numDraftTokens: k });
@@ -42,17 +44,53 @@ describe("greedy speculative output equals plain greedy output", () => {
     }
   }
 
-  test("equals mlx-lm's speculative_generate_step on the same pair (a window that does not wrap: mlx-lm's rotating trim is exact only then)", async () => {
-    const prompt = LONG.slice(0, 12);
-    using target = Engine.load(models.path("w64"));
-    using draft = Engine.load(models.path("w64-draft4bit"));
-    const ref = mlxLmSpeculative(models.path("w64"), models.path("w64-draft4bit"), prompt, 30, 3);
-    const plain = mlxLmGenerate(models.path("w64"), prompt, 30).tokens;
-    expect(ref.tokens).toEqual(plain);
-    const r = await new SpeculativeDecoder(target, draft, { numDraftTokens: 3 }).generate({ promptIds: prompt, maxTokens: 30 }).result;
-    expect(r.tokens).toEqual(ref.tokens);
-    // mlx-lm flags the tokens it took from the draft: its acceptance equals ours here.
-    expect(r.speculative!.accepted).toBe(ref.from_draft.filter(Boolean).length);
+  test("equals mlx-lm's speculative_generate_step on the same pair, float32 and bf16 targets (a window that does not wrap: mlx-lm's rotating trim is exact only then)", async () => {
+    // A prompt whose 20 greedy tokens hold no eos on either pair (mlx-lm's step function does not stop there).
+    const prompt = LONG.slice(0, 16);
+    const [f32, bf16] = mlxLmSpeculative([[models.path("w64"), models.path("w64-draft4bit")], [models.path("w64-bf16"), models.path("w64-bf16-draft4bit")]], prompt, 20, 3);
+    // float32: mlx-lm's speculative tokens are its plain greedy tokens, and so are ours.
+    expect(f32!.tokens).toEqual(f32!.plain);
+    for (const [name, ref] of [["w64", f32!], ["w64-bf16", bf16!]] as const) {
+      using target = Engine.load(models.path(name));
+      using draft = Engine.load(models.path(`${name}-draft4bit`));
+      const r = await new SpeculativeDecoder(target, draft, { numDraftTokens: 3 }).generate({ promptIds: prompt, maxTokens: 20 }).result;
+      // bf16: both sides verify through the same multi-token pass, so they agree token for token.
+      expect(r.tokens, name).toEqual(ref.tokens);
+      // mlx-lm flags the tokens it took from the draft: its acceptance equals ours.
+      expect(r.speculative!.accepted, name).toBe(ref.from_draft.filter(Boolean).length);
+      expect(r.speculative!.accepted, name).toBeGreaterThan(0);
+    }
+  });
+});
+
+describe("through the Scheduler", () => {
+  test("a speculative request gives exactly the plain greedy tokens while num_draft_tokens 0 requests batch beside it", async () => {
+    using target = Engine.load(models.path("small"));
+    using draft = Engine.load(models.path("small-draft4bit"));
+    const sd = new SpeculativeDecoder(target, draft, { numDraftTokens: 3 });
+    const specReq: GenerateRequest = { promptIds: LONG, maxTokens: 24 };
+    const plainReqs: GenerateRequest[] = [0, 1, 2].map((i) => ({ promptIds: LONG.slice(i, 6 + 3 * i), maxTokens: 6, numDraftTokens: 0 }));
+    const alone: number[][] = [];
+    for (const r of [specReq, ...plainReqs]) alone.push(await tokens(target, r));
+    const sched = new Scheduler(target, { maxBatch: 4, speculative: sd });
+    const finished: string[] = [];
+    const run = (name: string, req: GenerateRequest) =>
+      sched.submit(req).result.then((r) => {
+        finished.push(name);
+        return r;
+      });
+    const [spec, ...plain] = await Promise.all([run("spec", specReq), ...plainReqs.map((r, i) => run(`plain${i}`, r))]);
+    await sched.close();
+    expect(spec!.tokens).toEqual(alone[0]);
+    expect(spec!.speculative!.drafted).toBeGreaterThan(0);
+    plain.forEach((r, i) => {
+      expect(r.tokens, `plain ${i}`).toEqual(alone[i + 1]);
+      expect(r.speculative, `plain ${i}`).toBeUndefined();
+    });
+    // The plain requests ran in the batch while the speculative one was still decoding, together:
+    // 3 requests of 6 tokens in fewer decode steps than one at a time would take.
+    expect(finished.at(-1)).toBe("spec");
+    expect(sched.stats.decodeSteps).toBeLessThan(3 * 5);
   });
 });
 

@@ -23,8 +23,8 @@ export interface ServeOptions extends ModelOptions, SamplingOptions, DraftOption
 }
 
 export async function runServe(o: ServeOptions): Promise<number> {
-  // The scheduler's batched caches are not mirrored to follower ranks yet (docs/distributed.md).
-  if (process.env.MLX_BUN_DIST_BACKEND) throw new Error("mlx-bun serve does not run across ranks yet: use `mlx-bun launch ... generate`, or serve on one rank");
+  // Under `mlx-bun launch`: rank 0 serves, one request at a time through the Engine (docs/distributed.md).
+  if (process.env.MLX_BUN_DIST_BACKEND) return serveAcrossRanks(o);
   const { engine, model } = await loadEngine(o);
   const speculative = await loadDraft(o, engine);
   const { PromptCache, Scheduler } = await import("@mlx-bun/runtime");
@@ -69,4 +69,36 @@ export async function runServe(o: ServeOptions): Promise<number> {
   speculative?.draft.dispose();
   engine.dispose();
   return 0;
+}
+
+/** Rank 0 of a launched group serves HTTP from a worker; the other ranks follow inside loadEngine and never return. */
+async function serveAcrossRanks(o: ServeOptions): Promise<number> {
+  if (o.draftModel) throw new Error("mlx-bun serve: --draft-model does not run across ranks (speculative decoding is single-process only)");
+  const { engine, model } = await loadEngine(o);
+  const { serveOnRanks } = await import("../launch/serve-ranks.ts");
+  const apiKey = o.apiKey ?? (process.env.MLX_BUN_API_KEY || undefined);
+  return serveOnRanks({
+    engine,
+    init: {
+      dir: model.dir,
+      log: o.log,
+      server: {
+        modelId: model.id,
+        modelAliases: [...new Set([model.dir, basename(model.dir), engine.modelName].filter((a) => a !== model.id))],
+        ...(o.anyModel !== undefined ? { anyModel: o.anyModel } : {}),
+        host: o.host,
+        port: o.port,
+        ...(apiKey ? { apiKey } : {}),
+        maxBodyBytes: o.maxBodySize,
+        defaults: { maxTokens: o.maxTokens, temperature: o.temp, topP: o.topP, topK: o.topK, minP: o.minP },
+        ...(o.chatTemplateArgs ? { chatTemplateArgs: o.chatTemplateArgs } : {}),
+        allowedOrigins: o.allowedOrigins,
+        kvMode: engine.kvModeName,
+        ...(o.web === false ? { webDir: null } : {}),
+      },
+    },
+    announce: (url, webChat) => {
+      process.stderr.write(`mlx-bun serve: ${model.id} (kv ${engine.kvModeName}, tensor-parallel rank 0, one request at a time, no prompt cache) listening on ${url}${webChat === "on" ? ` (web chat at ${url}/)` : ""}${apiKey ? " (API key required)" : ""}\n`);
+    },
+  });
 }

@@ -35,6 +35,8 @@ export interface LaunchResult {
 
 /** The file descriptor a rank writes heartbeats to (set in MLX_BUN_HEARTBEAT_FD). */
 export const HEARTBEAT_FD = 3;
+/** The file descriptor a rank may read the launcher's stop notice from ("stop <why>\n", set in MLX_BUN_CONTROL_FD). */
+export const CONTROL_FD = 4;
 
 async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -81,6 +83,9 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   }
   env.MLX_BUN_DIST_BACKEND = backend;
   env.MLX_BUN_HEARTBEAT_FD = String(HEARTBEAT_FD);
+  // serve's HTTP worker on rank 0 answers open requests just before the launcher's watchdog fires.
+  env.MLX_BUN_LAUNCH_TIMEOUT_MS = String(timeoutMs);
+  env.MLX_BUN_CONTROL_FD = String(CONTROL_FD);
   if (backend === "ring") {
     if (hosts.some((h) => h.ips.length === 0)) throw new LaunchError("launch: the ring backend needs IPs in the host file (\"ips\") for every host");
     const ring: string[][] = [];
@@ -113,7 +118,17 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     stopping = true;
     failure = why;
     log(`mlx-bun launch: ${why}; stopping the group`);
-    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGTERM");
+    for (const c of children) {
+      if (c.exitCode !== null || c.signalCode !== null) continue;
+      // Read by a thread the hang does not block (serve's HTTP worker), so open requests get an answer naming the cause.
+      const ctl = c.stdio[CONTROL_FD] as NodeJS.WritableStream | null | undefined;
+      try {
+        ctl?.write(`stop ${why}\n`);
+      } catch {
+        // the rank is gone
+      }
+      c.kill("SIGTERM");
+    }
     // A rank stuck in a collective (or stopped) may not take SIGTERM: make sure.
     setTimeout(() => {
       for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
@@ -124,7 +139,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     const rankEnv: Record<string, string> = { ...env, MLX_RANK: String(h.rank) };
     if (backend === "nccl") rankEnv.CUDA_VISIBLE_DEVICES = String(h.rank % Math.max(1, hosts.filter((x) => x.ssh === h.ssh).length));
     let child: ChildProcess;
-    const stdio: ("inherit" | "pipe" | "ignore")[] = ["ignore", "inherit", "inherit", "pipe"];
+    const stdio: ("inherit" | "pipe" | "ignore")[] = ["ignore", "inherit", "inherit", "pipe", "pipe"];
     if (isLocal(h)) {
       if (rankEnv.MLX_HOSTFILE === undefined) delete rankEnv.MLX_HOSTFILE;
       child = spawn(o.command[0]!, o.command.slice(1), { env: { ...process.env, ...rankEnv }, stdio });
@@ -132,7 +147,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       // Over ssh (as mlx.launch): the ring host list travels in the script. No heartbeat channel
       // crosses ssh, so a remote rank is watched by its exit only (docs/distributed.md).
       const exports = Object.entries(rankEnv)
-        .filter(([k]) => k !== "MLX_HOSTFILE" && k !== "MLX_BUN_HEARTBEAT_FD")
+        .filter(([k]) => k !== "MLX_HOSTFILE" && k !== "MLX_BUN_HEARTBEAT_FD" && k !== "MLX_BUN_CONTROL_FD")
         .map(([k, v]) => `export ${k}=${shellQuote(v)};`)
         .join(" ");
       const ringFile = env.MLX_BUN_RING ? `f=$(mktemp); echo ${shellQuote(env.MLX_BUN_RING)} > $f; export MLX_HOSTFILE=$f;` : "";
@@ -142,6 +157,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     children.push(child);
     log(`mlx-bun launch: rank ${h.rank} on ${h.ssh} pid ${child.pid ?? "?"}`);
     child.stdio[3]?.on("data", () => (lastBeat[h.rank] = Date.now()));
+    (child.stdio[CONTROL_FD] as NodeJS.WritableStream | null | undefined)?.on("error", () => {});
     child.on("error", (e) => stopAll(`rank ${h.rank} could not start: ${e.message}`));
     child.on("exit", (code, signal) => {
       exited[h.rank] = signal ?? code ?? -1;
@@ -157,16 +173,22 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     });
   }
 
+  // Stopping the launcher stops the group: no rank outlives it.
+  const onSignal = (sig: NodeJS.Signals) => stopAll(`the launcher got ${sig}`);
+  process.on("SIGINT", onSignal);
+  process.on("SIGTERM", onSignal);
   const watchdog = setInterval(() => {
     if (stopping) return;
     const now = Date.now();
     const silent = hosts.filter((h) => isLocal(h) && exited[h.rank] === null && now - lastBeat[h.rank]! > timeoutMs);
     if (!silent.length) return;
-    const stopped = silent.filter((h) => procState(children[h.rank]!.pid) === "T");
+    // A stopped rank stalls the others' collectives, and the first to pass the timeout may be one
+    // that waits on it (rank 0 beats on a timer, followers on every step): name any stopped rank.
+    const stopped = hosts.filter((h) => isLocal(h) && exited[h.rank] === null && procState(children[h.rank]!.pid) === "T");
     const named = (stopped.length ? stopped : silent).map((h) => h.rank);
     stopAll(
       `rank${named.length > 1 ? "s" : ""} ${named.join(", ")} sent no heartbeat for ${timeoutMs / 1000} s${stopped.length ? " (process stopped)" : ""}` +
-        (stopped.length && silent.length > stopped.length ? `; ranks ${silent.filter((h) => !stopped.includes(h)).map((h) => h.rank).join(", ")} waited on it` : ""),
+        (stopped.length && silent.some((h) => !stopped.includes(h)) ? `; ranks ${silent.filter((h) => !stopped.includes(h)).map((h) => h.rank).join(", ")} waited on it` : ""),
     );
   }, Math.min(1000, Math.max(50, timeoutMs / 4)));
   watchdog.unref();
@@ -174,6 +196,8 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     await allDone;
   } finally {
     clearInterval(watchdog);
+    process.off("SIGINT", onSignal);
+    process.off("SIGTERM", onSignal);
     rmSync(tmp, { recursive: true, force: true });
   }
   const c0 = exited[0];

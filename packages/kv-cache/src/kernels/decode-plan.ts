@@ -4,11 +4,12 @@
 import { isFloating, MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Mask } from "../types.ts";
+import { WARPS } from "./decode-source.ts";
 
 /** Largest head dim the kernels take (each lane holds D/32 elements of a query and an output). */
 export const DECODE_MAX_DIM = 512;
-/** Warps per threadgroup (128 threads). */
-export const DECODE_WARPS = 4;
+/** Warps per threadgroup (128 threads); a threadgroup writes one partial for its WARPS runs. */
+export const DECODE_WARPS = WARPS;
 /** Split tokens until at most this many warps run: enough to fill a GPU, few partials to merge. */
 const MAX_WARPS = 1024;
 /** Floats per lane for the queries (and as many for the accumulators) a warp carries. */
@@ -27,7 +28,7 @@ export interface DecodePlan {
   reps: number;
   /** Tokens per warp (a power of two ≥ 32). */
   tpw: number;
-  /** Token runs (partials) per query head: ceil(tokens / tpw). */
+  /** Partials per query head, one per threadgroup of DECODE_WARPS runs: ceil(tokens / (tpw · DECODE_WARPS)). */
   parts: number;
 }
 
@@ -55,17 +56,16 @@ export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number,
   const rows = batch * kvHeads * (nRep / reps);
   let tpw = 32;
   while (rows * Math.ceil(tokens / tpw) > MAX_WARPS && tpw < tokens) tpw *= 2;
-  return { batch, qHeads, kvHeads, nRep, dk, dv, tokens, reps, tpw, parts: Math.ceil(tokens / tpw) };
+  return { batch, qHeads, kvHeads, nRep, dk, dv, tokens, reps, tpw, parts: Math.ceil(tokens / (tpw * DECODE_WARPS)) };
 }
 
 /** Grid, threadgroup and the plan's template arguments (shared by both pass-1 kernels). */
 export function partialsLaunch(p: DecodePlan, mask: MlxArray) {
-  const warps = Math.ceil(p.parts / DECODE_WARPS) * DECODE_WARPS;
   const rows = p.batch * p.qHeads;
   return {
     output_shapes: [[rows, p.parts, p.dv], [rows, p.parts], [rows, p.parts]],
     output_dtypes: ["float32", "float32", "float32"] as const,
-    grid: [warps * 32, p.batch * p.kvHeads, p.nRep / p.reps] as [number, number, number],
+    grid: [p.parts * DECODE_WARPS * 32, p.batch * p.kvHeads, p.nRep / p.reps] as [number, number, number],
     threadgroup: [DECODE_WARPS * 32, 1, 1] as [number, number, number],
     template: [
       ["DK", p.dk],
@@ -104,12 +104,13 @@ export function checkMask(mask: MlxArray, batch: number, tokens: number): string
 
 /**
  * Pass 1 in plain ops, float32 throughout: scores q·Kᵀ of every query head, the mask (hidden
- * keys score −FLT_MAX), then per run of `tpw` tokens the max m, l = Σ exp(s − m) and
- * o = Σ exp(s − m) v. Keys/values come decoded to float32 [B, Hkv, T, D]. Returns
+ * keys score −FLT_MAX), then per chunk of `tpw · DECODE_WARPS` tokens (one threadgroup's runs,
+ * merged) the max m, l = Σ exp(s − m) and o = Σ exp(s − m) v. Keys/values come decoded to float32 [B, Hkv, T, D]. Returns
  * [o [B·Hq, parts, Dv], m, l [B·Hq, parts]] as the sources lay them out.
  */
 export function referencePartials(p: DecodePlan, qs: MlxArray, keys: MlxArray, values: MlxArray, mask: MlxArray, s?: Stream): MlxArray[] {
-  const { batch: B, kvHeads: H, nRep: R, parts: P, tpw, tokens: T, dv } = p;
+  const { batch: B, kvHeads: H, nRep: R, parts: P, tokens: T, dv } = p;
+  const tpw = p.tpw * DECODE_WARPS;
   const pad = P * tpw - T;
   const so = s ? { stream: s } : {};
   using q32 = mx.astype(qs, "float32", s);

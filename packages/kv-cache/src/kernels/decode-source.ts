@@ -5,9 +5,15 @@
 
 export type Backend = "metal" | "cuda";
 
+/** Warps (simdgroups) per threadgroup of pass 1; their runs are merged before one partial is written. */
+export const WARPS = 4;
+
 interface Ops {
   /** Per-warp (CUDA) / per-simdgroup (Metal) index variables. */
   prelude: string;
+  /** Storage class of threadgroup (shared) memory, and the threadgroup barrier. */
+  shared: string;
+  barrier: string;
   exp: string;
   max: string;
   negInf: string;
@@ -15,13 +21,17 @@ interface Ops {
 }
 
 const OPS: Record<Backend, Ops> = {
-  // Grid x counts threads: 32 per partial; y = b·Hkv + h; z = the group of REPS query heads.
+  // Grid: x = one threadgroup (WARPS warps) per partial; y = b·Hkv + h; z = the group of REPS query heads.
   cuda: {
     prelude: `
-  const int lane = (int)(threadIdx.x & 31u);
-  const int64_t part = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int tid = (int)threadIdx.x;
+  const int lane = tid & 31;
+  const int wid = tid >> 5;
+  const int64_t tg = (int64_t)blockIdx.x;
   const int bh = (int)blockIdx.y;
   const int rg = (int)blockIdx.z;`,
+    shared: "__shared__",
+    barrier: "__syncthreads();",
     exp: "expf",
     max: "fmaxf",
     negInf: "(-cuda::std::numeric_limits<float>::infinity())",
@@ -31,10 +41,14 @@ const OPS: Record<Backend, Ops> = {
   // Metal: simdgroups are 32 lanes of consecutive thread indices of a 1-D threadgroup.
   metal: {
     prelude: `
+  const int tid = (int)thread_position_in_threadgroup.x;
   const int lane = (int)thread_index_in_simdgroup;
-  const int64_t part = (int64_t)(thread_position_in_grid.x >> 5);
-  const int bh = (int)thread_position_in_grid.y;
-  const int rg = (int)thread_position_in_grid.z;`,
+  const int wid = tid >> 5;
+  const int64_t tg = (int64_t)threadgroup_position_in_grid.x;
+  const int bh = (int)threadgroup_position_in_grid.y;
+  const int rg = (int)threadgroup_position_in_grid.z;`,
+    shared: "threadgroup",
+    barrier: "metal::threadgroup_barrier(metal::mem_flags::mem_threadgroup);",
     exp: "metal::precise::exp",
     max: "metal::fmax",
     negInf: "(-metal::numeric_limits<float>::infinity())",
@@ -75,34 +89,36 @@ export function affineDecode(w: string, s: string, bias: string, out: string, n:
 export const TURBO_VALUE_DECODE = `
     {
       const int64_t cr = b * vc_strides[0] + h * vc_strides[1] + t * vc_strides[2];
-      const float sc = static_cast<float>(vs[b * vs_strides[0] + h * vs_strides[1] + t * vs_strides[2]]);
+      const float rowScale = static_cast<float>(vs[b * vs_strides[0] + h * vs_strides[1] + t * vs_strides[2]]);
       for (int i = 0; i < EV; ++i) {
         const int bit = (lane * EV + i) * VB;
         uint32_t word = (uint32_t)vc[cr + (bit >> 3) * vc_strides[3]];
         if ((bit & 7) + VB > 8) word |= ((uint32_t)vc[cr + ((bit >> 3) + 1) * vc_strides[3]]) << 8;
         const int code = (int)((word >> (bit & 7)) & ((1u << VB) - 1u));
-        vf[i] = static_cast<float>(static_cast<T>(centroids[code] * sc));
+        vf[i] = static_cast<float>(static_cast<T>(centroids[code] * rowScale));
       }
     }`;
 
 /**
- * Pass 1. One warp per (b, KV head h, group rg of REPS query heads, run `part` of TPW tokens).
- * Lane l holds elements [l·EK, (l+1)·EK) of each query (EK = DK/32) and of each output
- * accumulator (EV = DV/32). Per token: decode the key slice, REPS dot products reduced across
- * the warp, the mask, decode the value slice, one online-softmax step per query head (running
- * max m, sum l, unnormalized output o, all float32). Writes (o, m, l) for the run; pass 2
- * (decode-combine.ts) merges the runs. Templates: T, DK, DV, NREP (query heads per KV head),
- * REPS, TPW, MASK_MODE (1 boolean, 2 additive) and the decoders' own.
+ * Pass 1. A threadgroup of WARPS warps takes WARPS consecutive runs of TPW tokens for one
+ * (b, KV head h, group rg of REPS query heads); warp w takes run `group·WARPS + w`. Lane l
+ * holds elements [l·EK, (l+1)·EK) of each query (EK = DK/32) and of each output accumulator
+ * (EV = DV/32). Per token: decode the key slice, REPS dot products reduced across the warp, the
+ * mask, decode the value slice, one online-softmax step per query head (running max m, sum l,
+ * unnormalized output o, all float32). Then the warps' (m, l, o) are merged in threadgroup
+ * memory and the threadgroup writes one partial; pass 2 (decode-combine.ts) merges those.
+ * Templates: T, DK, DV, NREP (query heads per KV head), REPS, TPW, MASK_MODE (1 boolean,
+ * 2 additive) and the decoders' own.
  */
 export function partialsSource(backend: Backend, keyDecode: string, valueDecode: string): string {
   const o = OPS[backend];
   return `${o.prelude}
+  constexpr int WARPS = ${WARPS};
   constexpr int EK = DK / 32;
   constexpr int EV = DV / 32;
   const int T_LEN = kw_shape[2];
   const int HKV = kw_shape[1];
-  const int NP = (T_LEN + TPW - 1) / TPW;
-  if (part >= NP) return;
+  const int NG = (T_LEN + TPW * WARPS - 1) / (TPW * WARPS);
   const int b = bh / HKV;
   const int h = bh - b * HKV;
   const int HQ = HKV * NREP;
@@ -119,7 +135,8 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
     l[r] = 0.0f;
     for (int i = 0; i < EV; ++i) o[r][i] = 0.0f;
   }
-  const int t0 = (int)part * TPW;
+  // A run past the last token is empty (every warp reaches the barrier below).
+  const int t0 = (int)((tg * WARPS + wid) * TPW);
   const int t1 = (t0 + TPW < T_LEN) ? t0 + TPW : T_LEN;
   const int64_t mrow = (mask_shape[0] == 1 ? 0 : b) * mask_strides[0];
   for (int t = t0; t < t1; ++t) {
@@ -147,13 +164,34 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
       m[r] = mn;
     }
   }
+  ${o.shared} float sm_m[WARPS][REPS];
+  ${o.shared} float sm_l[WARPS][REPS];
+  ${o.shared} float sm_o[WARPS][REPS][DV];
   for (int r = 0; r < REPS; ++r) {
-    const int64_t row = (int64_t)b * HQ + h * NREP + rg * REPS + r;
-    const int64_t at = row * NP + part;
-    for (int i = 0; i < EV; ++i) po[at * DV + lane * EV + i] = o[r][i];
     if (lane == 0) {
-      pm[at] = m[r];
-      pl[at] = l[r];
+      sm_m[wid][r] = m[r];
+      sm_l[wid][r] = l[r];
+    }
+    for (int i = 0; i < EV; ++i) sm_o[wid][r][lane * EV + i] = o[r][i];
+  }
+  ${o.barrier}
+  for (int e = tid; e < REPS * DV; e += WARPS * 32) {
+    const int r = e / DV;
+    const int d = e - r * DV;
+    float top = ${o.negInf};
+    for (int w = 0; w < WARPS; ++w) top = ${o.max}(top, sm_m[w][r]);
+    float acc = 0.0f;
+    float den = 0.0f;
+    for (int w = 0; w < WARPS; ++w) {
+      const float wt = (sm_m[w][r] == ${o.negInf}) ? 0.0f : ${o.exp}(sm_m[w][r] - top);
+      acc += wt * sm_o[w][r][d];
+      den += wt * sm_l[w][r];
+    }
+    const int64_t at = ((int64_t)b * HQ + h * NREP + rg * REPS + r) * NG + tg;
+    po[at * DV + d] = acc;
+    if (d == 0) {
+      pm[at] = top;
+      pl[at] = den;
     }
   }
 `;
