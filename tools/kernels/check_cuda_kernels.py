@@ -372,7 +372,12 @@ def compare(label, out, ref, atol, rtol):
     both_nan = mx.isnan(out.astype(mx.float32)) & mx.isnan(r)
     bad = int(mx.sum((~(d <= atol + rtol * mx.abs(r))) & ~both_nan).item())
     print(f"{label}: max |diff| {mx.max(mx.where(both_nan, 0.0, d)).item():.3g}, outside tolerance {bad}", flush=True)
+    global COMPARED
+    COMPARED += 1
     return bad == 0
+
+
+COMPARED = 0
 
 
 def main() -> None:
@@ -419,7 +424,10 @@ def main() -> None:
             truth = sdpa_truth(c.qs, c.keys, c.values, c.mask)
             scale = max(1e-3, mx.max(mx.abs(truth)).item())
             ok = compare(f"end to end {name} {c.label}", e2e, truth.astype(c.dt), 1e-5 * scale, rtol) and ok
-    print("RESULT", "PASS" if ok else "FAIL")
+    if COMPARED == 0:
+        print("no case matched")
+        ok = False
+    print(f"RESULT {'PASS' if ok else 'FAIL'} ({COMPARED} comparisons)")
     sys.exit(0 if ok else 1)
 
 

@@ -37,6 +37,7 @@ export async function runLaunch(command: string[], o: LaunchCliOptions): Promise
     ...(o.startingPort !== undefined ? { startingPort: o.startingPort } : {}),
     ...(o.ncclPort !== undefined ? { ncclPort: o.ncclPort } : {}),
     ...(o.env ? { env: o.env } : {}),
+    serveFront: command[0] === "serve",
   });
   return r.code;
 }

@@ -4,10 +4,13 @@
 // `timeoutMs`, stops the whole group, and the report names the rank and why (docs/distributed.md).
 import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
+import { createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type Hostfile, isLocal, LaunchError } from "./hostfile.ts";
+import { SERVE_FRONT_ENV } from "./serve-channel.ts";
+import type { ServeFront } from "./serve-front.ts";
+import type { ToModel, ToWorker } from "./serve-protocol.ts";
 
 export type LaunchBackend = "ring" | "nccl" | "any";
 
@@ -24,6 +27,12 @@ export interface LaunchOptions {
   env?: string[];
   /** Where the report lines go (default stderr). */
   log?: (line: string) => void;
+  /**
+   * The command is `serve`: the launcher runs its HTTP front (serve-front.ts) and rank 0 reaches it
+   * over a local socket, so open requests are answered even when rank 0's process dies. Local
+   * rank 0 only; a remote rank 0 keeps its front in a Worker of its own (docs/distributed.md).
+   */
+  serveFront?: boolean;
 }
 
 export interface LaunchResult {
@@ -105,6 +114,12 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     env.MLX_WORLD_SIZE = String(n);
   }
 
+  // serve: the HTTP front lives here, the one process of the group that runs no MLX collective.
+  let front: ServeFront | null = null;
+  let frontServer: Server | null = null;
+  const frontPath = join(tmp, "front.sock");
+  if (o.serveFront && isLocal(hosts[0]!)) frontServer = await startFrontSocket(frontPath, (f) => (front = f), (why) => frontLost(why));
+
   const children: ChildProcess[] = [];
   const lastBeat: number[] = hosts.map(() => Date.now());
   const exited: (number | string | null)[] = hosts.map(() => null);
@@ -118,6 +133,8 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     stopping = true;
     failure = why;
     log(`mlx-bun launch: ${why}; stopping the group`);
+    // Every open request gets its answer now, whatever state rank 0 is in (hung, dead, crashed).
+    (front as ServeFront | null)?.goDown(503, `the tensor-parallel group is being stopped: ${why}`);
     for (const c of children) {
       if (c.exitCode !== null || c.signalCode !== null) continue;
       // Read by a thread the hang does not block (serve's HTTP worker), so open requests get an answer naming the cause.
@@ -135,8 +152,16 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     }, 2000).unref();
   };
 
+  /** Rank 0's end of the serve channel closed: its exit (which names the cause) normally follows at once. */
+  const frontLost = (why: string): void => {
+    setTimeout(() => {
+      if (!stopping && exited[0] === null) stopAll(`rank 0 closed its serve channel (${why})`);
+    }, 1000).unref();
+  };
+
   for (const h of hosts) {
     const rankEnv: Record<string, string> = { ...env, MLX_RANK: String(h.rank) };
+    if (frontServer && h.rank === 0) rankEnv[SERVE_FRONT_ENV] = frontPath;
     if (backend === "nccl") rankEnv.CUDA_VISIBLE_DEVICES = String(h.rank % Math.max(1, hosts.filter((x) => x.ssh === h.ssh).length));
     let child: ChildProcess;
     const stdio: ("inherit" | "pipe" | "ignore")[] = ["ignore", "inherit", "inherit", "pipe", "pipe"];
@@ -194,7 +219,15 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   watchdog.unref();
   try {
     await allDone;
+    const f = front as ServeFront | null;
+    if (f) {
+      f.goDown(503, "the tensor-parallel group has ended");
+      // The error events written just now go out before the listener closes its connections.
+      await Bun.sleep(100);
+      await f.stop();
+    }
   } finally {
+    frontServer?.close();
     clearInterval(watchdog);
     process.off("SIGINT", onSignal);
     process.off("SIGTERM", onSignal);
@@ -202,4 +235,28 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   }
   const c0 = exited[0];
   return { code: failure ? 1 : typeof c0 === "number" ? c0 : 1, failure };
+}
+
+/** Listen on `path` for rank 0's serve channel; one connection, which gets a ServeFront. */
+async function startFrontSocket(path: string, onFront: (f: ServeFront) => void, onLost: (why: string) => void): Promise<Server> {
+  const [{ ServeFront }, { LineChannel }] = await Promise.all([import("./serve-front.ts"), import("./serve-channel.ts")]);
+  let taken = false;
+  const srv = createServer((sock) => {
+    // rank 0 only: no second connection
+    if (taken) return void sock.destroy();
+    taken = true;
+    const ch = new LineChannel<ToWorker, ToModel>(sock);
+    const front = new ServeFront((m) => ch.send(m));
+    ch.onMessage = (m) => void front.receive(m);
+    ch.onEnd = (why) => onLost(why);
+    onFront(front);
+  });
+  await new Promise<void>((resolve, reject) => {
+    srv.once("error", reject);
+    srv.listen(path, () => {
+      srv.off("error", reject);
+      resolve();
+    });
+  });
+  return srv;
 }
