@@ -7,7 +7,7 @@
 //   .native/bin/bun tools/bench/compare.ts [--model DIR] [--quick] [--label CPU]
 //        [--reps N] [--decode-tokens N] [--prefill 512,4096] [--prefill-reps N] [--streams 1,4,16]
 //        [--stream-tokens N] [--stream-reps N] [--ttft-reps N] [--ttft-words N] [--kv-tokens N]
-//        [--kv-modes bf16,q8,q4,turbo:4,3] [--bandwidth-mb N] [--no-http]
+//        [--kv-modes bf16,q8,q4,turbo:4,3] [--bandwidth-mb N] [--no-http] [--skip PHASE,...]
 //        [--md docs/benchmarks.md | --no-md] [--json FILE] [--python PY] [--section TITLE]
 //   .native/bin/bun tools/bench/compare.ts --render FILE.json [--no-md]   # a saved run's table
 //
@@ -40,6 +40,9 @@ const num = (f: string, d: number) => (val(f) !== undefined ? Number(val(f)) : d
 const list = (f: string, d: number[]) => (val(f) !== undefined ? val(f)!.split(",").filter(Boolean).map(Number) : d);
 
 const QUICK = has("quick");
+// --skip decode,prefill,...: leave out in-process phases (by name, as in the progress lines), e.g.
+// to fit the HTTP figures into one device call after the others were measured.
+const SKIP = new Set((val("skip") ?? "").split(",").filter(Boolean));
 // The 1B checkpoint on a GPU; on a CPU the mini one (the 1B decodes at ~15 s/token on the CI VM).
 const defaultModel = (defaultDeviceName() === "GPU" ? ["gemma4-1b-4bit", "gemma4-mini-4bit"] : ["gemma4-mini-4bit", "gemma4-1b-4bit"])
   .map((p) => join(ROOT, ".native", "bench-models", p))
@@ -566,6 +569,7 @@ await twin.call("peak", { reset: true });
 /** Run one phase; a failure is recorded (and printed) and the run goes on with the next phase. */
 const failures: Record<string, string> = {};
 async function phase(name: string, f: () => Promise<void>): Promise<void> {
+  if (SKIP.has(name)) return;
   try {
     await f();
   } catch (e) {

@@ -40,8 +40,7 @@ function prefilled(): { caches: ReturnType<Engine["makeCaches"]>; seq: Sequence;
   return { caches, seq, tok: p.token };
 }
 function step(seq: Sequence, tok: MlxArray, caches: ReturnType<Engine["makeCaches"]>) {
-  using t32 = mx.astype(tok, "int32");
-  using x = mx.reshape(t32, [1, 1]);
+  using x = mx.expand_dims(tok, 0);
   using logits = engine.forward(x, caches);
   using row = mx.index(logits, ":", -1, ":");
   return seq.pick(row);

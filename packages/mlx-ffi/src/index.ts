@@ -36,6 +36,7 @@ export {
   asyncEval,
   defaultDevice,
   evaluate,
+  exportToDot,
   isAvailable,
   isDeviceAvailable,
   memory,

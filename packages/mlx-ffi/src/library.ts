@@ -71,6 +71,7 @@ export const coreSymbols = {
 
   mlxb_eval: { args: [ptr, i32], returns: i32 },
   mlxb_async_eval: { args: [ptr, i32], returns: i32 },
+  mlxb_export_to_dot: { args: [ptr, ptr, i32], returns: i32 },
 
   mlxb_device_is_available: { args: [i32], returns: i32 },
   mlxb_default_device_type: { args: [], returns: i32 },

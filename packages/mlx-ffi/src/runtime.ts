@@ -1,7 +1,7 @@
 // Evaluation, devices and streams, memory statistics, version.
 import type { Pointer } from "bun:ffi";
 import { handleList, type MlxArray } from "./array.ts";
-import { checkHandle, checkStatus, lib } from "./library.ts";
+import { checkHandle, checkStatus, cstr, lib } from "./library.ts";
 
 /** Evaluate many arrays in one native call. */
 export function evaluate(...arrays: MlxArray[]): void {
@@ -15,6 +15,11 @@ export function asyncEval(...arrays: MlxArray[]): void {
   checkStatus(lib().mlxb_async_eval(handleList(arrays), arrays.length), "async_eval", () =>
     arrays.map((a) => a.describe()).join(", "),
   );
+}
+
+/** Write the unevaluated graph behind `arrays` to `path` as Graphviz text (mx.export_to_dot). */
+export function exportToDot(path: string, ...arrays: MlxArray[]): void {
+  checkStatus(lib().mlxb_export_to_dot(cstr(path), handleList(arrays), arrays.length), "export_to_dot", () => path);
 }
 
 /** True when the array's data has been computed. */

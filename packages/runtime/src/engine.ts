@@ -181,10 +181,9 @@ export class Engine implements Disposable {
     return seq.pick(row);
   }
 
-  /** Forward a device token [1] without reading it. */
+  /** Forward a device token [1] without reading it (as mlx-lm's `y[None]`: the sampler's uint32 ids, no cast). */
   #stepLazy(seq: Sequence, token: MlxArray, caches: Cache[]): Pick {
-    using t32 = mx.astype(token, "int32");
-    using x = mx.reshape(t32, [1, 1]);
+    using x = mx.expand_dims(token, 0);
     using logits = this.forward(x, caches);
     using row = mx.index(logits, ":", -1, ":");
     return seq.pick(row);

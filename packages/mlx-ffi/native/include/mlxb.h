@@ -53,6 +53,7 @@ MLXB_API int mlxb_live_handles(void);
 /* evaluation */
 MLXB_API int mlxb_eval(const uint64_t* arrays, int n);
 MLXB_API int mlxb_async_eval(const uint64_t* arrays, int n);
+MLXB_API int mlxb_export_to_dot(const char* path, const uint64_t* arrays, int n);
 
 /* devices and streams: device type 0 = cpu, 1 = gpu */
 MLXB_API int mlxb_device_is_available(int type);

@@ -26,7 +26,11 @@ MLXB_API mlxb_array mlxb_array_scalar(double value, int dtype) {
   MLXB_GUARD(nullptr, {
     auto dt = dtype_from_code(dtype);
     if (dt == mx::complex64) return wrap(mx::array(std::complex<float>(static_cast<float>(value), 0.0f)));
-    return wrap(mx::astype(mx::array(value, mx::float64), dt, mx::Device::cpu));
+    if (dt == mx::float64) return wrap(mx::array(value, mx::float64));
+    // Converted on the host, as MLX Python converts a Python float (to float, then to the dtype):
+    // a constant, not an AsType node — on a GPU a CPU-side cast in every step's graph would be a
+    // cross-device dependency for each scalar.
+    return wrap(mx::array(static_cast<float>(value), dt));
   })
 }
 

@@ -1,4 +1,7 @@
 // eval / async_eval of many arrays in one crossing.
+#include <fstream>
+
+#include "mlx/graph_utils.h"
 #include "internal.h"
 
 using namespace mlxb;
@@ -20,6 +23,18 @@ MLXB_API int mlxb_eval(const uint64_t* arrays, int n) {
 MLXB_API int mlxb_async_eval(const uint64_t* arrays, int n) {
   MLXB_GUARD(-1, {
     mx::async_eval(gather(arrays, n));
+    return 0;
+  })
+}
+
+// The unevaluated graph behind some arrays as Graphviz text (mx.export_to_dot), written to `path`:
+// a tool for comparing the graphs two implementations build for the same step.
+MLXB_API int mlxb_export_to_dot(const char* path, const uint64_t* arrays, int n) {
+  MLXB_GUARD(-1, {
+    if (!path) throw std::invalid_argument("null path");
+    std::ofstream os(path);
+    if (!os) throw std::runtime_error(std::string("cannot open ") + path + " for writing");
+    mx::export_to_dot(os, gather(arrays, n));
     return 0;
   })
 }

@@ -230,12 +230,14 @@ mx::array slice_indices(const Entry& e, int n, mx::StreamOrDevice st) {
   return mx::arange(static_cast<double>(start), static_cast<double>(stop), static_cast<double>(step), mx::uint32, st);
 }
 
-mx::array int_index(int v, int n) {
+int norm_index(int v, int n) {
   int i = v < 0 ? v + n : v;
   if (i < 0 || i >= n)
     throw std::invalid_argument("index " + std::to_string(v) + " is out of bounds for axis of size " + std::to_string(n));
-  return mx::array(static_cast<uint32_t>(i), mx::uint32);
+  return i;
 }
+
+mx::array int_index(int v, int n) { return mx::array(static_cast<uint32_t>(norm_index(v, n)), mx::uint32); }
 
 mx::array index_nd(const mx::array& src_in, std::vector<Entry> entries, const std::vector<mx::array>& arrays,
                    mx::StreamOrDevice st) {
@@ -258,6 +260,41 @@ mx::array index_nd(const mx::array& src_in, std::vector<Entry> entries, const st
       for (int k = 0; k < static_cast<int>(src.ndim()) - n_real; k++) idx.push_back(full_slice());
     } else
       idx.push_back(e);
+  }
+
+  // 1b. No array entries: MLX Python turns a lone integer into take(src, i, 0), and integers mixed
+  // with slices/None into one-element slices, squeezed after (Slice, Squeeze, ExpandDims): the
+  // same nodes here, so the graph equals Python's (no gather, no arange of slice indices).
+  bool any_array = false, any_int = false;
+  for (auto& e : idx) {
+    any_array |= e.kind == K_ARRAY;
+    any_int |= e.kind == K_INT;
+  }
+  if (!any_array && any_int) {
+    if (entries.size() == 1) return mx::take(src, int_index(idx[0].v[0], src.shape(0)), 0, st);
+    mx::Shape starts(src.ndim(), 0), stops = src.shape(), strides(src.ndim(), 1);
+    std::vector<int> squeeze_axes, none_axes;
+    int axis = 0, out_axis = 0;  // axis of src; axis of the result (Nones included)
+    for (auto& e : idx) {
+      if (e.kind == K_NONE) {
+        none_axes.push_back(out_axis++);
+        continue;
+      }
+      if (e.kind == K_INT) {
+        int i = norm_index(e.v[0], src.shape(axis));
+        starts[axis] = i;
+        stops[axis] = i + 1;
+        squeeze_axes.push_back(axis);
+      } else {
+        slice_params(e, stops[axis], starts[axis], stops[axis], strides[axis]);
+        out_axis++;
+      }
+      axis++;
+    }
+    src = mx::slice(src, starts, stops, strides, st);
+    src = mx::squeeze(src, squeeze_axes, st);
+    if (!none_axes.empty()) src = mx::expand_dims(src, none_axes, st);
+    return src;
   }
 
   // 2. Gather the integer/array entries (with the slices before the last one).
