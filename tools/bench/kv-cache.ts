@@ -54,6 +54,8 @@ interface Row {
   context: number;
   bytesPerToken: number;
   times: number[];
+  /** Set when the backend could not run this mode; its times stay empty. */
+  error?: string;
 }
 
 const rows: Row[] = [];
@@ -86,11 +88,20 @@ for (const ctx of CONTEXTS) {
       for (const p of view.planes) p.eval();
       const unfused = name.endsWith("unfused");
       if (unfused) process.env.MLX_BUN_KERNELS = "reference";
-      const t = performance.now();
-      using out = view.attend(q, 1 / 16, null);
-      out.eval();
-      byMode.get(name)!.times.push(performance.now() - t);
-      if (unfused) delete process.env.MLX_BUN_KERNELS;
+      const r = byMode.get(name)!;
+      try {
+        if (!r.error) {
+          const t = performance.now();
+          using out = view.attend(q, 1 / 16, null);
+          out.eval();
+          r.times.push(performance.now() - t);
+        }
+      } catch (e) {
+        // A mode the backend cannot run (e.g. CUDA's quantized_matmul lacks a shape) is reported, not fatal.
+        r.error = (e as Error).message.split("\n")[0]!.slice(0, 200);
+      } finally {
+        if (unfused) delete process.env.MLX_BUN_KERNELS;
+      }
       c.trim(1);
       done++;
       process.stderr.write(`\r[kv-cache bench] ${done}/${total}  context ${ctx}  ${name.padEnd(10)}`);
@@ -112,6 +123,10 @@ for (const ctx of CONTEXTS) {
   const base = rows.find((r) => r.context === ctx && r.mode === "bf16")!;
   for (const r of rows.filter((x) => x.context === ctx)) {
     const t = r.times;
+    if (r.error) {
+      lines.push(`| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | failed: ${r.error.replaceAll("|", "/")} | — |`);
+      continue;
+    }
     lines.push(
       `| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | ${Math.min(...t).toFixed(2)} / ${med(t).toFixed(2)} / ${Math.max(...t).toFixed(2)} | ${(med(t) / med(base.times)).toFixed(2)} |`,
     );

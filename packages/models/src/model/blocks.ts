@@ -194,7 +194,7 @@ function router(lw: LayerWeights, x: MlxArray, c: ModelConsts, s: Scope): [MlxAr
   const xn = s.t(mx.fast.rms_norm(x, sc, c.eps));
   const scores = s.t(linear(m.proj, xn));
   const part = s.t(mx.argpartition(scores, -k, -1));
-  const idx = s.t(mx.index(part, "...", mx.sl(-k, null)));
+  const idx = s.t(mx.stop_gradient(s.t(mx.index(part, "...", mx.sl(-k, null)))));
   const w0 = s.t(mx.take_along_axis(scores, idx, -1));
   const w1 = s.t(mx.softmax(w0, -1));
   const pes = s.t(mx.index(m.perExpertScale, idx));
@@ -203,8 +203,9 @@ function router(lw: LayerWeights, x: MlxArray, c: ModelConsts, s: Scope): [MlxAr
 }
 
 /** Experts: SwitchGLU with GeGLU, weighted sum over the top-k (switch_layers.py SwitchGLU). */
-function experts(lw: LayerWeights, x: MlxArray, indices: MlxArray, weights: MlxArray, s: Scope): MlxArray {
+function experts(lw: LayerWeights, x: MlxArray, routed: MlxArray, weights: MlxArray, s: Scope): MlxArray {
   const m = lw.moe!;
+  const indices = s.t(mx.stop_gradient(routed));
   const we = s.t(mx.expand_dims(weights, -1));
   let xe = s.t(mx.expand_dims(x, [-2, -3]));
   const doSort = indices.size >= 64;

@@ -1,6 +1,6 @@
 """mlx-lm's graph for one decode step (generate_step's _step: model call, last row, logprobs,
-argmax) after a 65-token prefill, written with mx.export_to_dot. The twin of decode-graph.ts.
-   python tools/bench/decode_graph.py MODEL_DIR OUT.dot"""
+argmax) after a 65-token prefill, written with mx.export_to_dot. The twin of tools/oracle/graph.ts (decodeStepGraph).
+   python tools/oracle/decode_graph.py MODEL_DIR OUT.dot"""
 import sys
 from pathlib import Path
 
