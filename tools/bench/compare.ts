@@ -17,6 +17,7 @@
 // in-process generation; aggregate tok/s at 1/4/16 concurrent streams; MLX peak memory of each
 // process; KV bytes per token per --kv mode; a bandwidth roofline for decode; and, for the
 // mlx-bun side, FFI crossings and host graph-building time per decoded token.
+import { Twin } from "./twin.ts";
 import { appendFileSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -167,41 +168,6 @@ function fmt(x: number): string {
   if (a >= 100) return x.toFixed(1);
   if (a >= 1) return x.toFixed(2);
   return x.toPrecision(3);
-}
-
-// ------------------------------------------------------------------------------------------
-// The Python twin
-// ------------------------------------------------------------------------------------------
-class Twin {
-  #p = Bun.spawn([O.python, join(ROOT, "tools", "bench", "mlx_lm_bench.py"), "--serve"], { stdin: "pipe", stdout: "pipe", stderr: "inherit" });
-  #reader = this.#p.stdout.getReader();
-  #buf = "";
-  #dec = new TextDecoder();
-  async line(): Promise<string> {
-    for (;;) {
-      const nl = this.#buf.indexOf("\n");
-      if (nl >= 0) {
-        const l = this.#buf.slice(0, nl);
-        this.#buf = this.#buf.slice(nl + 1);
-        return l;
-      }
-      const { value, done } = await this.#reader.read();
-      if (done) throw new Error("mlx_lm_bench.py exited");
-      this.#buf += this.#dec.decode(value);
-    }
-  }
-  async call<T = Record<string, unknown>>(cmd: string, args: Record<string, unknown> = {}): Promise<T> {
-    this.#p.stdin.write(`${JSON.stringify({ cmd, ...args })}\n`);
-    this.#p.stdin.flush();
-    const r = JSON.parse(await this.line());
-    if (!r.ok) throw new Error(`mlx_lm_bench ${cmd}: ${r.error}\n${r.trace ?? ""}`);
-    return r as T;
-  }
-  async close(): Promise<void> {
-    this.#p.stdin.write(`{"cmd":"quit"}\n`);
-    this.#p.stdin.end();
-    await this.#p.exited;
-  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -540,7 +506,7 @@ async function chat(url: string, content: string, maxTokens: number): Promise<Ch
 const startedAt = new Date();
 note(`model ${O.model}; ${QUICK ? "quick" : "full"} run; HTTP ${HTTP ? "on" : O.http ? "off (apps/mlx-bun/src/cli.ts not found)" : "off"}`);
 progress("loading both sides");
-const twin = new Twin();
+const twin = new Twin(O.python, ROOT);
 const ready = JSON.parse(await twin.line());
 const tl = performance.now();
 const engine = Engine.load(O.model, { kv: "bf16" });

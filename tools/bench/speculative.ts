@@ -12,6 +12,7 @@
 // Default pair: the bench mini model (bash tools/bench/make-bench-model.sh mini) as the target
 // and, as the draft, its first --draft-layers layers (tools/bench/make_draft_model.py; made next
 // to the target when missing). On the device machine: --target .native/bench-models/gemma4-1b-4bit.
+import { Twin } from "./twin.ts";
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { dirname, join, relative, resolve } from "node:path";
@@ -93,39 +94,6 @@ const median = (xs: number[]): number => {
 };
 const stat = (xs: number[]): Stat | null => (xs.length ? { min: Math.min(...xs), median: median(xs), max: Math.max(...xs), n: xs.length } : null);
 
-// ---- the Python twin -----------------------------------------------------------------------
-class Twin {
-  #p = Bun.spawn([O.python, join(ROOT, "tools", "bench", "mlx_lm_bench.py"), "--serve"], { stdin: "pipe", stdout: "pipe", stderr: "inherit" });
-  #reader = this.#p.stdout.getReader();
-  #buf = "";
-  #dec = new TextDecoder();
-  async line(): Promise<string> {
-    for (;;) {
-      const nl = this.#buf.indexOf("\n");
-      if (nl >= 0) {
-        const l = this.#buf.slice(0, nl);
-        this.#buf = this.#buf.slice(nl + 1);
-        return l;
-      }
-      const { value, done } = await this.#reader.read();
-      if (done) throw new Error("mlx_lm_bench.py exited");
-      this.#buf += this.#dec.decode(value);
-    }
-  }
-  async call<T>(cmd: string, args: Record<string, unknown> = {}): Promise<T> {
-    this.#p.stdin.write(`${JSON.stringify({ cmd, ...args })}\n`);
-    this.#p.stdin.flush();
-    const r = JSON.parse(await this.line()) as { ok: boolean; error?: string; trace?: string };
-    if (!r.ok) throw new Error(`mlx_lm_bench ${cmd}: ${r.error}\n${r.trace ?? ""}`);
-    return r as T;
-  }
-  async close(): Promise<void> {
-    this.#p.stdin.write(`{"cmd":"quit"}\n`);
-    this.#p.stdin.end();
-    await this.#p.exited;
-  }
-}
-
 // ---- one measured run ----------------------------------------------------------------------
 interface Run {
   tokens: number[];
@@ -176,7 +144,7 @@ for (let i = 1, x = 12345; i < O.promptTokens; i++) {
 const machine = `${cpus().length} cores (${cpus()[0]?.model ?? "?"}), ${(totalmem() / 2 ** 30).toFixed(0)} GiB, MLX ${mlxVersion()} ${device} backend`;
 const command = `.native/bin/bun tools/bench/speculative.ts ${argv.map((a) => (/[\s(),;&|]/.test(a) ? JSON.stringify(a) : a)).join(" ")}`.trim();
 
-const twin = new Twin();
+const twin = new Twin(O.python, ROOT);
 await twin.line();
 using tEngine = Engine.load(O.target, { kv: "bf16" });
 using dEngine = Engine.load(O.draft, { kv: "bf16" });

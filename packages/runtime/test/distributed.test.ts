@@ -2,10 +2,10 @@
 // tokens as the single-process run, for each variant and a 4-bit checkpoint, bf16 and q8 KV caches.
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { freePort } from "../../../tools/oracle/ports.ts";
 import { tinyModels } from "./helpers.ts";
 
 const WORKER = join(import.meta.dirname, "distributed-worker.ts");
@@ -28,16 +28,6 @@ afterAll(() => models.cleanup());
 
 const PROMPT = Array.from({ length: 21 }, (_, i) => 5 + ((i * 37) % 200));
 
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const a = s.address();
-      s.close(() => resolve(typeof a === "object" && a ? a.port : 0));
-    });
-  });
-}
 
 type Out = Record<string, any>;
 async function runRanks(n: number, args: string[]): Promise<Out[]> {
