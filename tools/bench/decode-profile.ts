@@ -1,10 +1,11 @@
 // Where a decoded token's time goes in mlx-bun (batch 1): the same greedy decode run as
 // (a) unpipelined graph build + evaluate, (b) (a) plus reading the token with item(),
 // (c) a bare pipelined loop (asyncEval of step n+1 before reading token n, as mlx-lm), (c2) the
-// same reading the token with toTypedArray() instead of item(),
+// same reading the token with toTypedArray() instead of item(), (c3) (c) on a stream of its own,
 // (d) (c) plus Sequence.accept (detokenize, stop strings, event) and a setImmediate per token,
 // (e) Engine.generate consumed with for-await, (f) the Scheduler with one request.
-// Milliseconds per token, min / median over --reps; variants interleaved per repetition.
+// Milliseconds per token, min / median over --reps; variants interleaved per repetition; plus one
+// run of (c) split into build / asyncEval call / wait per token.
 //
 //   .native/bin/bun tools/bench/decode-profile.ts [--model DIR] [--tokens 64] [--reps 5]
 import { existsSync } from "node:fs";
@@ -51,6 +52,49 @@ const done = (s: ReturnType<typeof prefilled>) => {
   s.seq.dispose();
 };
 
+interface PipelineOptions {
+  /** Read step n's token (after step n+1 was scheduled). */
+  read: (p: ReturnType<typeof step>, seq: Sequence) => void;
+  /** Build each step inside this (e.g. on another stream). */
+  within?: <T>(f: () => T) => T;
+  /** Awaited before each step (e.g. a turn of the event loop, as Engine yields). */
+  beforeStep?: () => Promise<unknown>;
+  /** When given, accumulates ms spent building, in the asyncEval call and in read(). */
+  phases?: { build: number; asyncEval: number; wait: number };
+}
+
+/** The pipelined loop (as mlx-lm's generate_step): schedule step n+1, then read token n. Returns ms per token. */
+async function pipelined(o: PipelineOptions): Promise<number> {
+  const s = prefilled();
+  const within = o.within ?? ((f) => f());
+  const t0 = performance.now();
+  let cur = within(() => step(s.seq, s.tok, s.caches));
+  asyncEval(cur.token, cur.logprobs);
+  for (let i = 0; i < N; i++) {
+    if (o.beforeStep) await o.beforeStep();
+    const a = performance.now();
+    const next = within(() => step(s.seq, cur.token, s.caches));
+    const b = performance.now();
+    asyncEval(next.token, next.logprobs);
+    const c = performance.now();
+    o.read(cur, s.seq);
+    if (o.phases) {
+      o.phases.build += b - a;
+      o.phases.asyncEval += c - b;
+      o.phases.wait += performance.now() - c;
+    }
+    cur.token.dispose();
+    cur.logprobs.dispose();
+    cur = next;
+  }
+  cur.token.item();
+  const t = performance.now() - t0;
+  cur.token.dispose();
+  cur.logprobs.dispose();
+  done(s);
+  return t / N;
+}
+
 const variants: Record<string, () => Promise<number>> = {
   "a. unpipelined build + eval": async () => {
     const s = prefilled();
@@ -81,90 +125,15 @@ const variants: Record<string, () => Promise<number>> = {
     done(s);
     return t / N;
   },
-  "c. pipelined, bare": async () => {
-    const s = prefilled();
-    const t0 = performance.now();
-    let cur = step(s.seq, s.tok, s.caches);
-    asyncEval(cur.token, cur.logprobs);
-    for (let i = 0; i < N; i++) {
-      const next = step(s.seq, cur.token, s.caches);
-      asyncEval(next.token, next.logprobs);
-      cur.token.item();
-      cur.token.dispose();
-      cur.logprobs.dispose();
-      cur = next;
-    }
-    cur.token.item();
-    const t = performance.now() - t0;
-    cur.token.dispose();
-    cur.logprobs.dispose();
-    done(s);
-    return t / N;
-  },
-  "c3. (c) on a stream of its own (mlx-lm's generation_stream)": async () => {
-    const s = prefilled();
+  "c. pipelined, bare": () => pipelined({ read: (p) => void p.token.item() }),
+  "c3. (c) on a stream of its own (mlx-lm's generation_stream)": () => {
     using gen = Stream.create();
-    const t0 = performance.now();
-    let cur = withStream(gen, () => step(s.seq, s.tok, s.caches));
-    asyncEval(cur.token, cur.logprobs);
-    for (let i = 0; i < N; i++) {
-      const next = withStream(gen, () => step(s.seq, cur.token, s.caches));
-      asyncEval(next.token, next.logprobs);
-      cur.token.item();
-      cur.token.dispose();
-      cur.logprobs.dispose();
-      cur = next;
-    }
-    cur.token.item();
-    const t = performance.now() - t0;
-    cur.token.dispose();
-    cur.logprobs.dispose();
-    done(s);
-    return t / N;
+    return pipelined({ read: (p) => void p.token.item(), within: (f) => withStream(gen, f) });
   },
-  "c2. pipelined, read with toTypedArray()": async () => {
-    // toTypedArray() waits on the array's own event (mlxb_array_host_view); item() enqueues an
-    // astype(float64) on the CPU stream, behind the step already scheduled.
-    const s = prefilled();
-    const t0 = performance.now();
-    let cur = step(s.seq, s.tok, s.caches);
-    asyncEval(cur.token, cur.logprobs);
-    for (let i = 0; i < N; i++) {
-      const next = step(s.seq, cur.token, s.caches);
-      asyncEval(next.token, next.logprobs);
-      void cur.token.toTypedArray()[0];
-      cur.token.dispose();
-      cur.logprobs.dispose();
-      cur = next;
-    }
-    cur.token.item();
-    const t = performance.now() - t0;
-    cur.token.dispose();
-    cur.logprobs.dispose();
-    done(s);
-    return t / N;
-  },
-  "d. (c) + Sequence.accept + setImmediate": async () => {
-    const s = prefilled();
-    const t0 = performance.now();
-    let cur = step(s.seq, s.tok, s.caches);
-    asyncEval(cur.token, cur.logprobs);
-    for (let i = 0; i < N; i++) {
-      await new Promise((r) => setImmediate(r));
-      const next = step(s.seq, cur.token, s.caches);
-      asyncEval(next.token, next.logprobs);
-      s.seq.accept(cur);
-      cur.token.dispose();
-      cur.logprobs.dispose();
-      cur = next;
-    }
-    cur.token.item();
-    const t = performance.now() - t0;
-    cur.token.dispose();
-    cur.logprobs.dispose();
-    done(s);
-    return t / N;
-  },
+  // toTypedArray() reads through the host view (mlxb_array_host_view); item() through mlxb_array_item_f64.
+  "c2. pipelined, read with toTypedArray()": () => pipelined({ read: (p) => void p.token.toTypedArray()[0] }),
+  "d. (c) + Sequence.accept + setImmediate": () =>
+    pipelined({ read: (p, seq) => seq.accept(p), beforeStep: () => new Promise((r) => setImmediate(r)) }),
   "e. Engine.generate (for await)": async () => {
     const st = engine.generate({ promptIds: prompt, maxTokens: N + 1 });
     let t0 = 0;
@@ -185,30 +154,7 @@ const variants: Record<string, () => Promise<number>> = {
 // (c) once more, timing its three phases per token: graph build, the asyncEval call itself (on a
 // GPU, MLX encodes the kernels in the calling thread) and the wait in item().
 const phases = { build: 0, asyncEval: 0, wait: 0 };
-{
-  const s = prefilled();
-  let cur = step(s.seq, s.tok, s.caches);
-  asyncEval(cur.token, cur.logprobs);
-  for (let i = 0; i < N; i++) {
-    const t0 = performance.now();
-    const next = step(s.seq, cur.token, s.caches);
-    const t1 = performance.now();
-    asyncEval(next.token, next.logprobs);
-    const t2 = performance.now();
-    cur.token.item();
-    const t3 = performance.now();
-    phases.build += t1 - t0;
-    phases.asyncEval += t2 - t1;
-    phases.wait += t3 - t2;
-    cur.token.dispose();
-    cur.logprobs.dispose();
-    cur = next;
-  }
-  cur.token.item();
-  cur.token.dispose();
-  cur.logprobs.dispose();
-  done(s);
-}
+await pipelined({ read: (p) => void p.token.item(), phases });
 
 const res: Record<string, number[]> = {};
 for (const k of Object.keys(variants)) await variants[k]!(); // warm-up

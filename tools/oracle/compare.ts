@@ -30,6 +30,20 @@ export function maxAbsDiff(ours: MlxArray, ref: MlxArray): number {
   return m;
 }
 
+/** Relative L2 error ‖ours − ref‖ / ‖ref‖, in float64 on the host. */
+export function relativeError(ours: MlxArray, ref: MlxArray): number {
+  if (ours.shape.join() !== ref.shape.join()) throw new Error(`shape [${ours.shape}] vs [${ref.shape}]`);
+  const x = ours.toFloat64Array();
+  const y = ref.toFloat64Array();
+  let num = 0;
+  let den = 0;
+  for (let i = 0; i < x.length; i++) {
+    num += (x[i]! - y[i]!) ** 2;
+    den += y[i]! ** 2;
+  }
+  return Math.sqrt(num / den);
+}
+
 /** Within atol + rtol·|ref| elementwise, same dtype and shape; returns the first violation or null. */
 export function closeDiff(ours: MlxArray, ref: MlxArray, tol: { atol: number; rtol: number }): string | null {
   if (ours.dtype !== ref.dtype) return `dtype ${ours.dtype} vs ${ref.dtype}`;

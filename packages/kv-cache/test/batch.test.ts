@@ -20,7 +20,7 @@ import {
   type CacheOracleResult,
   batchCacheOracle,
 } from "../../../tools/oracle/oracle.ts";
-import { exactDiff } from "../../../tools/oracle/compare.ts";
+import { exactDiff, relativeError as relErr } from "../../../tools/oracle/compare.ts";
 
 const H = 2;
 const HQ = 4; // two query heads per KV head: the [B, 1, n, T] mask must broadcast over GQA groups
@@ -342,18 +342,6 @@ describe("TurboQuant rows", () => {
     expect(worst).toBeLessThan(0.3);
   });
 });
-
-function relErr(a: MlxArray, b: MlxArray): number {
-  const x = a.toFloat64Array();
-  const y = b.toFloat64Array();
-  let num = 0;
-  let den = 0;
-  for (let i = 0; i < x.length; i++) {
-    num += (x[i]! - y[i]!) ** 2;
-    den += y[i]! ** 2;
-  }
-  return Math.sqrt(num / den);
-}
 
 /** codec.encode per token, with all-zero tokens (padding / growth fill) as zero planes. */
 function encodeZeroFixed(codec: KvCodec, k: MlxArray, v: MlxArray): MlxArray[] {

@@ -21,7 +21,7 @@ import {
   turboValues,
   type Mask,
 } from "../src/index.ts";
-import { closeDiff } from "../../../tools/oracle/compare.ts";
+import { closeDiff, relativeError as relErr } from "../../../tools/oracle/compare.ts";
 
 const { gpu_backend } = mx.kernels;
 
@@ -31,18 +31,6 @@ function rand(shape: number[], seed: number, dtype: Dtype): MlxArray {
   return mx.astype(x, dtype);
 }
 
-/** Relative L2 error ‖a − b‖ / ‖b‖ in float64 on the host. */
-function relErr(a: MlxArray, b: MlxArray): number {
-  const x = a.toFloat64Array();
-  const y = b.toFloat64Array();
-  let num = 0;
-  let den = 0;
-  for (let i = 0; i < x.length; i++) {
-    num += (x[i]! - y[i]!) ** 2;
-    den += y[i]! ** 2;
-  }
-  return Math.sqrt(num / den);
-}
 
 interface Case {
   b: number;

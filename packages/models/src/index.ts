@@ -11,6 +11,6 @@ export * from "./chat-template.ts";
 export { Gemma4Model } from "./model/gemma4.ts";
 export { type KvMode, codecFor, kvModeName, parseKvMode } from "./model/kv-mode.ts";
 export { embed, embedAsLinear, linear, moduleWeights, switchLinear, type ModuleWeights } from "./model/nn.ts";
-export { type LoadedModel, loadModel } from "./load.ts";
+export { type LoadedModel, loadModel, loadTextSide } from "./load.ts";
 export { type LoadedAdapter, loadAdapter } from "./lora.ts";
 export { shardModel, TensorParallel } from "./model/shard.ts";

@@ -27,8 +27,8 @@ export interface LoadedModel extends Disposable {
   dispose(): void;
 }
 
-/** Load a checkpoint from a local directory (weights stay lazy until first use). */
-export function loadModel(dir: string): LoadedModel {
+/** A checkpoint's config, tokenizer and chat template (null when it has none), without its weights. */
+export function loadTextSide(dir: string): { config: Gemma4Config; tokenizer: Gemma4Tokenizer; template: ChatTemplate | null } {
   const config = loadGemma4Config(dir);
   const tokenizer = Gemma4Tokenizer.load(dir);
   let template: ChatTemplate | null = null;
@@ -37,6 +37,12 @@ export function loadModel(dir: string): LoadedModel {
   } catch {
     template = null;
   }
+  return { config, tokenizer, template };
+}
+
+/** Load a checkpoint from a local directory (weights stay lazy until first use). */
+export function loadModel(dir: string): LoadedModel {
+  const { config, tokenizer, template } = loadTextSide(dir);
   const weights = loadWeights(dir, config);
   let model: Gemma4Model;
   try {

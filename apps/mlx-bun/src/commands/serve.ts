@@ -35,23 +35,12 @@ export async function runServe(o: ServeOptions): Promise<number> {
     ...(promptCache ? { promptCache } : {}),
     ...(speculative ? { speculative } : {}),
   });
-  const apiKey = o.apiKey ?? (process.env.MLX_BUN_API_KEY || undefined);
+  const apiKey = apiKeyOf(o);
   const srv = startServer({
     model: engine.loaded,
     scheduler,
-    modelId: model.id,
-    modelAliases: [...new Set([model.dir, basename(model.dir), engine.modelName].filter((a) => a !== model.id))],
-    anyModel: o.anyModel,
-    host: o.host,
-    port: o.port,
-    ...(apiKey ? { apiKey } : {}),
-    maxBodyBytes: o.maxBodySize,
-    defaults: { maxTokens: o.maxTokens, temperature: o.temp, topP: o.topP, topK: o.topK, minP: o.minP },
-    ...(o.chatTemplateArgs ? { chatTemplateArgs: o.chatTemplateArgs } : {}),
-    allowedOrigins: o.allowedOrigins,
-    kvMode: engine.kvModeName,
+    ...serverSettings(o, model, engine),
     ...(o.draftModel ? { draftModel: o.draftModel } : {}),
-    ...(o.web === false ? { webDir: null } : {}),
     ...(o.log ? { log: (l: string) => process.stderr.write(`${new Date().toISOString()} ${l}\n`) } : {}),
   });
   // One line tests and scripts can wait for (with the real port when --port 0).
@@ -76,29 +65,35 @@ async function serveAcrossRanks(o: ServeOptions): Promise<number> {
   if (o.draftModel) throw new Error("mlx-bun serve: --draft-model does not run across ranks (speculative decoding is single-process only)");
   const { engine, model } = await loadEngine(o);
   const { serveOnRanks } = await import("../launch/serve-ranks.ts");
-  const apiKey = o.apiKey ?? (process.env.MLX_BUN_API_KEY || undefined);
+  const apiKey = apiKeyOf(o);
   return serveOnRanks({
     engine,
-    init: {
-      dir: model.dir,
-      log: o.log,
-      server: {
-        modelId: model.id,
-        modelAliases: [...new Set([model.dir, basename(model.dir), engine.modelName].filter((a) => a !== model.id))],
-        ...(o.anyModel !== undefined ? { anyModel: o.anyModel } : {}),
-        host: o.host,
-        port: o.port,
-        ...(apiKey ? { apiKey } : {}),
-        maxBodyBytes: o.maxBodySize,
-        defaults: { maxTokens: o.maxTokens, temperature: o.temp, topP: o.topP, topK: o.topK, minP: o.minP },
-        ...(o.chatTemplateArgs ? { chatTemplateArgs: o.chatTemplateArgs } : {}),
-        allowedOrigins: o.allowedOrigins,
-        kvMode: engine.kvModeName,
-        ...(o.web === false ? { webDir: null } : {}),
-      },
-    },
+    init: { dir: model.dir, log: o.log, server: serverSettings(o, model, engine) },
     announce: (url, webChat) => {
       process.stderr.write(`mlx-bun serve: ${model.id} (kv ${engine.kvModeName}, tensor-parallel rank 0, one request at a time, no prompt cache) listening on ${url}${webChat === "on" ? ` (web chat at ${url}/)` : ""}${apiKey ? " (API key required)" : ""}\n`);
     },
   });
+}
+
+function apiKeyOf(o: ServeOptions): string | undefined {
+  return o.apiKey ?? (process.env.MLX_BUN_API_KEY || undefined);
+}
+
+/** The server settings a single-process serve and a tensor-parallel rank 0 share. */
+function serverSettings(o: ServeOptions, model: { id: string; dir: string }, engine: { modelName: string; kvModeName: string }) {
+  const apiKey = apiKeyOf(o);
+  return {
+    modelId: model.id,
+    modelAliases: [...new Set([model.dir, basename(model.dir), engine.modelName].filter((a) => a !== model.id))],
+    ...(o.anyModel !== undefined ? { anyModel: o.anyModel } : {}),
+    host: o.host,
+    port: o.port,
+    ...(apiKey ? { apiKey } : {}),
+    maxBodyBytes: o.maxBodySize,
+    defaults: { maxTokens: o.maxTokens, temperature: o.temp, topP: o.topP, topK: o.topK, minP: o.minP },
+    ...(o.chatTemplateArgs ? { chatTemplateArgs: o.chatTemplateArgs } : {}),
+    allowedOrigins: o.allowedOrigins,
+    kvMode: engine.kvModeName,
+    ...(o.web === false ? { webDir: null } : {}),
+  };
 }

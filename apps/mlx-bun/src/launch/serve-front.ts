@@ -4,7 +4,7 @@
 // process (launcher.ts, over a socket to rank 0), or, when rank 0 is not a local child of the
 // launcher, in a Worker of rank 0 (http-worker.ts). `goDown` fails every open request with an
 // OpenAI-shaped 5xx (a stream: an SSE error event, then the end; never [DONE]) and refuses new ones.
-import { ChatTemplate, Gemma4Tokenizer, loadGemma4Config } from "@mlx-bun/models";
+import { loadTextSide } from "@mlx-bun/models";
 import { EventChannel, type GenerateRequest, type GenerationStream, validateRequest } from "@mlx-bun/runtime";
 import { ApiError } from "../server/errors.ts";
 import { type RunningServer, startServer } from "../server/http.ts";
@@ -44,14 +44,7 @@ export class ServeFront {
   start(init: WorkerInit): void {
     try {
       const dir = init.dir;
-      const config = loadGemma4Config(dir);
-      const tokenizer = Gemma4Tokenizer.load(dir);
-      let template: ChatTemplate | null = null;
-      try {
-        template = ChatTemplate.load(dir, tokenizer);
-      } catch {
-        template = null;
-      }
+      const { config, tokenizer, template } = loadTextSide(dir);
       const limits = { maxContext: config.text.maxPositionEmbeddings, maxKvSize: init.maxKvSize, loaded: { tokenizer } };
       const open = this.#open;
       const sink = {
