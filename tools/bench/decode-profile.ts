@@ -3,9 +3,12 @@
 // (c) a bare pipelined loop (asyncEval of step n+1 before reading token n, as mlx-lm), (c2) the
 // same reading the token with toTypedArray() instead of item(), (c3) (c) on a stream of its own,
 // (d) (c) plus Sequence.accept (detokenize, stop strings, event) and a setImmediate per token,
-// (e) Engine.generate consumed with for-await, (f) the Scheduler with one request.
-// Milliseconds per token, min / median over --reps; variants interleaved per repetition; plus one
-// run of (c) split into build / asyncEval call / wait per token.
+// (e) Engine.generate consumed with for-await (background evaluation, docs/background-eval.md),
+// (e0) the same with backgroundEval off, (f) the Scheduler with one request.
+// Milliseconds per token, min / median over --reps; variants interleaved per repetition; plus,
+// after the warm-up, one run of (a) and one of (c) split into build / asyncEval call / wait per
+// token (unpipelined, a wait well above zero after the asyncEval call means the GPU, not the
+// host, sets the pace).
 //
 //   .native/bin/bun tools/bench/decode-profile.ts [--model DIR] [--tokens 64] [--reps 5]
 import { existsSync } from "node:fs";
@@ -26,6 +29,7 @@ const N = Number(arg("tokens", "64"));
 const REPS = Number(arg("reps", "5"));
 
 using engine = Engine.load(model, { kv: "bf16" });
+const plainEngine = new Engine(engine.loaded, { kv: "bf16", backgroundEval: false });
 const { tokenizer, template } = engine.loaded;
 const prompt = template!.apply(tokenizer, [{ role: "user", content: "Hello world! What is the capital of France? Write a short poem about the sea and the sky." }], { addGenerationPrompt: true });
 
@@ -95,6 +99,13 @@ async function pipelined(o: PipelineOptions): Promise<number> {
   return t / N;
 }
 
+async function generateMs(e: Engine): Promise<number> {
+  const st = e.generate({ promptIds: prompt, maxTokens: N + 1 });
+  let t0 = 0;
+  for await (const _ of st) if (!t0) t0 = performance.now();
+  return (performance.now() - t0) / N;
+}
+
 const variants: Record<string, () => Promise<number>> = {
   "a. unpipelined build + eval": async () => {
     const s = prefilled();
@@ -134,12 +145,8 @@ const variants: Record<string, () => Promise<number>> = {
   "c2. pipelined, read with toTypedArray()": () => pipelined({ read: (p) => void p.token.toTypedArray()[0] }),
   "d. (c) + Sequence.accept + setImmediate": () =>
     pipelined({ read: (p, seq) => seq.accept(p), beforeStep: () => new Promise((r) => setImmediate(r)) }),
-  "e. Engine.generate (for await)": async () => {
-    const st = engine.generate({ promptIds: prompt, maxTokens: N + 1 });
-    let t0 = 0;
-    for await (const _ of st) if (!t0) t0 = performance.now();
-    return (performance.now() - t0) / N;
-  },
+  "e. Engine.generate (for await)": () => generateMs(engine),
+  "e0. (e) with backgroundEval off": () => generateMs(plainEngine),
   "f. Scheduler, one request": async () => {
     const sched = new Scheduler(engine, { maxBatch: 16 });
     const st = sched.submit({ promptIds: prompt, maxTokens: N + 1 });
@@ -151,13 +158,32 @@ const variants: Record<string, () => Promise<number>> = {
   },
 };
 
-// (c) once more, timing its three phases per token: graph build, the asyncEval call itself (on a
-// GPU, MLX encodes the kernels in the calling thread) and the wait in item().
-const phases = { build: 0, asyncEval: 0, wait: 0 };
-await pipelined({ read: (p) => void p.token.item(), phases });
-
 const res: Record<string, number[]> = {};
 for (const k of Object.keys(variants)) await variants[k]!(); // warm-up
+
+// (a) and (c) once more, timing three phases per token: graph build, the asyncEval call itself (on
+// a GPU, MLX encodes the kernels in the calling thread) and the wait for the token.
+const phases = { build: 0, asyncEval: 0, wait: 0 };
+await pipelined({ read: (p) => void p.token.item(), phases });
+const unpipelined = { build: 0, asyncEval: 0, wait: 0 };
+{
+  const s = prefilled();
+  for (let i = 0; i < N; i++) {
+    const a = performance.now();
+    const p = step(s.seq, s.tok, s.caches);
+    const b = performance.now();
+    asyncEval(p.token, p.logprobs);
+    const c = performance.now();
+    p.token.item();
+    unpipelined.build += b - a;
+    unpipelined.asyncEval += c - b;
+    unpipelined.wait += performance.now() - c;
+    s.tok.dispose();
+    p.logprobs.dispose();
+    s.tok = p.token;
+  }
+  done(s);
+}
 for (let r = 0; r < REPS; r++) {
   const keys = Object.keys(variants);
   for (const k of r % 2 ? keys.reverse() : keys) (res[k] ??= []).push(await variants[k]!());
@@ -166,5 +192,7 @@ for (let r = 0; r < REPS; r++) {
 process.stderr.write("\n");
 const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
 console.log(`decode profile: ${model.split("/").at(-1)}, ${prompt.length}-token prompt, ${N} tokens, ${REPS} reps (ms per token, min / median)`);
-console.log(`(c) per phase, ms per token: build ${(phases.build / N).toFixed(2)}, asyncEval call ${(phases.asyncEval / N).toFixed(2)}, wait in item() ${(phases.wait / N).toFixed(2)}`);
+const perPhase = (p: typeof phases) => `build ${(p.build / N).toFixed(2)}, asyncEval call ${(p.asyncEval / N).toFixed(2)}, wait in item() ${(p.wait / N).toFixed(2)}`;
+console.log(`(a) per phase, ms per token: ${perPhase(unpipelined)}`);
+console.log(`(c) per phase, ms per token: ${perPhase(phases)}`);
 for (const [k, xs] of Object.entries(res)) console.log(`${k.padEnd(42)} ${Math.min(...xs).toFixed(2).padStart(7)} / ${med(xs).toFixed(2).padStart(7)}`);

@@ -34,6 +34,10 @@ export {
 export {
   Stream,
   asyncEval,
+  asyncEvalInBackground,
+  BackgroundJob,
+  joinBackground,
+  useSharedStreams,
   defaultDevice,
   evaluate,
   exportToDot,

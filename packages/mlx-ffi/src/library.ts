@@ -5,7 +5,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 /** The C ABI version this TypeScript expects (MLXB_ABI_VERSION in native/include/mlxb.h). */
-export const ABI_VERSION = 1;
+export const ABI_VERSION = 2;
 
 const SETUP_HINT = "run the set-up at the repository root: `bash tools/setup.sh` (or `bun run setup`)";
 
@@ -71,6 +71,11 @@ export const coreSymbols = {
 
   mlxb_eval: { args: [ptr, i32], returns: i32 },
   mlxb_async_eval: { args: [ptr, i32], returns: i32 },
+  mlxb_use_shared_streams: { args: [], returns: i32 },
+  mlxb_apply_env_defaults: { args: [], returns: i32 },
+  mlxb_async_eval_background: { args: [ptr, i32, ptr, i32], returns: i64 },
+  mlxb_join_background: { args: [], returns: i32 },
+  mlxb_background_values: { args: [i64, ptr, i32], returns: i32 },
   mlxb_export_to_dot: { args: [ptr, ptr, i32], returns: i32 },
 
   mlxb_device_is_available: { args: [i32], returns: i32 },
@@ -131,6 +136,12 @@ export function lib(): ReturnType<typeof openLibrary<typeof coreSymbols>> {
   if (v !== ABI_VERSION) {
     throw new NativeLibraryError(`native library ABI ${v} does not match this package (${ABI_VERSION}); ${SETUP_HINT}`);
   }
+  // MLX reads its environment settings once, at first use: mlx-bun's defaults go in first.
+  if (opened.mlxb_apply_env_defaults() !== 0) throw new NativeLibraryError(`apply_env_defaults: ${String(opened.mlxb_last_error())}`);
+  // Every stream this process uses is one that any thread may evaluate (docs/background-eval.md):
+  // MLX 0.32 otherwise ties a stream's encoder to its thread, and an array built before the switch
+  // could never be evaluated in the background.
+  if (opened.mlxb_use_shared_streams() !== 0) throw new NativeLibraryError(`use_shared_streams: ${String(opened.mlxb_last_error())}`);
   core = opened;
   return core;
 }

@@ -17,6 +17,48 @@ export function asyncEval(...arrays: MlxArray[]): void {
   );
 }
 
+/**
+ * Make streams usable from any thread this thread's defaults (MLX 0.32 ties an ordinary stream's
+ * command encoder to the thread that made it) and start the background evaluator. Idempotent;
+ * arrays built before the call stay on their old streams. Needed by `asyncEvalInBackground`.
+ */
+export function useSharedStreams(): void {
+  checkStatus(lib().mlxb_use_shared_streams(), "use_shared_streams");
+}
+
+/**
+ * `asyncEval` on a native worker thread: returns as soon as the job is handed over, so the caller
+ * can build the next step while MLX encodes this one. `reads` (optional, size 1 each): arrays the
+ * worker reads right after scheduling (a decode loop passes the previous step's tokens, inputs of
+ * this step's graph that must not be read from this thread meanwhile); `BackgroundJob.values()`
+ * returns them. Any call that evaluates, waits or reads data joins the worker first, and an error
+ * of the background job is raised there. See docs/background-eval.md.
+ */
+export function asyncEvalInBackground(arrays: readonly MlxArray[], reads: readonly MlxArray[] = []): BackgroundJob {
+  const id = Number(lib().mlxb_async_eval_background(handleList(arrays), arrays.length, handleList(reads), reads.length));
+  if (id < 0) checkStatus(-1, "async_eval_background", () => arrays.map((a) => a.describe()).join(", "));
+  return new BackgroundJob(id, reads.length);
+}
+
+/** A job handed to the background evaluator. */
+export class BackgroundJob {
+  constructor(
+    readonly id: number,
+    readonly reads: number,
+  ) {}
+  /** The values of the job's `reads` (joining the worker first). */
+  values(): number[] {
+    const out = new Float64Array(Math.max(1, this.reads));
+    checkStatus(lib().mlxb_background_values(this.id, out, this.reads), "background_values", () => `job ${this.id}`);
+    return Array.from(out.subarray(0, this.reads));
+  }
+}
+
+/** Wait until the background evaluator has handed its job to MLX (not until it is computed). */
+export function joinBackground(): void {
+  checkStatus(lib().mlxb_join_background(), "join_background");
+}
+
 /** Write the unevaluated graph behind `arrays` to `path` as Graphviz text (mx.export_to_dot). */
 export function exportToDot(path: string, ...arrays: MlxArray[]): void {
   checkStatus(lib().mlxb_export_to_dot(cstr(path), handleList(arrays), arrays.length), "export_to_dot", () => path);

@@ -1,7 +1,7 @@
 // Engine: a loaded model plus the single-request generation loop (chunked prefill, pipelined
 // decode with async eval), in mlx-lm generate_step's order so greedy tokens match it.
 import { basename } from "node:path";
-import { asyncEval, evaluate, memory, MlxArray, MlxError } from "@mlx-bun/mlx-ffi";
+import { asyncEval, asyncEvalInBackground, evaluate, memory, MlxArray, MlxError, useSharedStreams } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Cache } from "@mlx-bun/kv-cache";
 import { type KvMode, kvModeName, type LoadedModel, loadModel, parseKvMode } from "@mlx-bun/models";
@@ -18,6 +18,12 @@ export interface EngineOptions {
   prefillStep?: number;
   /** Run steps through this model instead of the loaded one (a LeaderModel for tensor-parallel ranks). */
   stepModel?: StepModel;
+  /**
+   * Decode with MLX's encoding of each step on a native worker thread while the next step's graph
+   * is built here (docs/background-eval.md). Default: on, except on Metal (not yet measured there)
+   * and with a stepModel; MLX_BUN_BACKGROUND_EVAL=0 or 1 overrides the default.
+   */
+  backgroundEval?: boolean;
 }
 
 /** Progress of a long prefill: tokens done of total. */
@@ -37,6 +43,7 @@ export class Engine implements Disposable {
   readonly kvMode: KvMode;
   readonly prefillStep: number;
   readonly maxKvSize: number | undefined;
+  readonly backgroundEval: boolean;
   #busy = false;
   readonly #model: StepModel;
 
@@ -49,6 +56,8 @@ export class Engine implements Disposable {
     if (!Number.isInteger(this.prefillStep) || this.prefillStep < 1) throw new MlxError(`prefillStep must be a positive integer, got ${this.prefillStep}`);
     this.maxKvSize = opts.maxKvSize;
     this.#model = opts.stepModel ?? loaded.model;
+    this.backgroundEval = opts.backgroundEval ?? (opts.stepModel ? false : defaultBackgroundEval());
+    if (this.backgroundEval) useSharedStreams();
   }
 
   static load(dir: string, opts: EngineOptions = {}): Engine {
@@ -129,6 +138,12 @@ export class Engine implements Disposable {
       const cached = run.cachedTokens ?? 0;
       const rest = this.prefill(prompt.slice(cached), caches, 1, run.onPrefill);
       inCache = prompt.length - rest.length;
+      if (this.backgroundEval && !seq.needsHistory) {
+        const extra = await this.#decodeInBackground(seq, rest, caches, run.onCaches !== undefined);
+        inCache += rest.length + extra.fed;
+        if (run.onCaches) kept = run.onCaches(caches, [...seq.history, ...extra.unaccepted].slice(0, inCache));
+        return;
+      }
       let cur = this.#step(seq, rest, caches);
       inCache += rest.length;
       asyncEval(cur.token, cur.logprobs);
@@ -170,6 +185,63 @@ export class Engine implements Disposable {
       if (failure !== undefined) seq.channel.fail(failure);
       else seq.finish();
       seq.dispose();
+    }
+  }
+
+  /**
+   * The decode loop with the background evaluator: while the worker encodes step t+1 (and then
+   * reads token t), this thread builds step t+2; so a step costs the longer of the two, not their
+   * sum. When the request ends at token t, step t+1 was computed and t+2 built but never
+   * evaluated. Returns how many decoded tokens were fed to the caches and, when `wantIds`, the
+   * ids of those fed but not accepted (read here, so a kept cache is keyed by what it holds).
+   */
+  async #decodeInBackground(seq: Sequence, rest: number[], caches: Cache[], wantIds: boolean): Promise<{ fed: number; unaccepted: number[] }> {
+    const max = seq.req.maxTokens;
+    let fed = 0;
+    // Build the step producing token number n (1-based) only if the request may still want it.
+    const build = (n: number, from: MlxArray): Pick | undefined => {
+      if (n > max) return undefined;
+      fed++;
+      return this.#stepLazy(seq, from, caches);
+    };
+    let cur: Pick = this.#step(seq, rest, caches);
+    asyncEvalInBackground([cur.token, cur.logprobs]);
+    let next = build(2, cur.token);
+    let after: Pick | undefined;
+    try {
+      for (;;) {
+        // Hand step t+1 to the worker (it reads token t after scheduling it), build t+2 meanwhile.
+        let value: number;
+        if (next) {
+          const job = asyncEvalInBackground([next.token, next.logprobs], [cur.token]);
+          after = seq.req.signal?.aborted ? undefined : build(seq.generated.length + 3, next.token);
+          await yieldToEventLoop();
+          value = job.values()[0]!;
+        } else {
+          await yieldToEventLoop();
+          value = cur.token.item();
+        }
+        if (seq.req.signal?.aborted) seq.cancel();
+        const accepted = !seq.done;
+        if (accepted) seq.accept(cur, value);
+        if (seq.done) {
+          // Fed but not accepted: token t when step t+1 exists and t was not accepted, token t+1 when t+2 was built.
+          const unaccepted: number[] = [];
+          if (wantIds) {
+            if (next && !accepted) unaccepted.push(value);
+            if (after) unaccepted.push(next!.token.item());
+          }
+          return { fed, unaccepted };
+        }
+        if (!next) throw new MlxError("decode ended without a stop (internal error)");
+        disposePick(cur);
+        cur = next;
+        next = after;
+        after = undefined;
+        if (seq.generated.length % 256 === 0) memory.clearCache();
+      }
+    } finally {
+      for (const p of new Set([cur, next, after])) if (p) disposePick(p);
     }
   }
 
@@ -228,6 +300,12 @@ export function validateRequest(req: GenerateRequest, engine: RequestLimits): vo
 function disposePick(p: Pick): void {
   p.token.dispose();
   p.logprobs.dispose();
+}
+
+function defaultBackgroundEval(): boolean {
+  const env = process.env.MLX_BUN_BACKGROUND_EVAL;
+  if (env === "0" || env === "1") return env === "1";
+  return mx.kernels.gpu_backend() !== "metal";
 }
 
 function yieldToEventLoop(): Promise<void> {

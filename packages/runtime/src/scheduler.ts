@@ -4,7 +4,7 @@
 // BatchRotatingKVCache); every decode step runs the whole batch in one forward pass, each row
 // samples with its own settings, and step t+1 is built and scheduled before step t is read.
 import { totalmem } from "node:os";
-import { asyncEval, evaluate, memory, MlxArray } from "@mlx-bun/mlx-ffi";
+import { asyncEval, asyncEvalInBackground, type BackgroundJob, evaluate, memory, MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { BatchKVCache, Cache } from "@mlx-bun/kv-cache";
 import { codecFor } from "@mlx-bun/models";
@@ -59,6 +59,10 @@ interface Entry {
   bytes: number;
   /** The token chosen at the last decode step, not read yet (pipelined decode); null once read. */
   next: Pick | null;
+  /** With background evaluation: the pick before `next`, which the running job reads; null once read. */
+  prev: Pick | null;
+  /** Tokens fed to the caches beyond the accepted history (background evaluation builds two steps ahead). */
+  fedAhead: number[];
   /** The stream was closed and the reservation released. */
   ended: boolean;
 }
@@ -78,6 +82,8 @@ export class Scheduler {
   readonly speculative: SpeculativeDecoder | undefined;
   readonly stats: SchedulerStats = { prefills: 0, prefilledRequests: 0, largestPrefill: 0, decodeSteps: 0 };
   #signatures: string[] | undefined;
+  /** The background job running the last decode step, and the rows whose `prev` tokens it reads (in order). */
+  #job: { job: BackgroundJob; rows: Entry[] } | null = null;
 
   constructor(
     readonly engine: Engine,
@@ -136,7 +142,7 @@ export class Scheduler {
     }
     if (this.speculative && this.speculative.draftTokensFor(req) > 0) return this.speculative.generate(req);
     const seq = new Sequence(req, this.engine.loaded.tokenizer);
-    this.#pending.push({ seq, bytes, next: null, ended: false });
+    this.#pending.push({ seq, bytes, next: null, prev: null, fedAhead: [], ended: false });
     this.#running ??= this.#loop().finally(() => {
       this.#running = null;
     });
@@ -155,13 +161,22 @@ export class Scheduler {
       await yieldToEventLoop();
       // As mlx-lm's BatchGenerator: a decode step, then one prefill chunk of the waiting group.
       while (this.#rows.length || this.#pending.length || this.#prefill) {
-        if (this.#rows.length) this.#decodeStep();
+        if (this.#rows.length) {
+          if (this.engine.backgroundEval && this.#rows.every((r) => !r.seq.needsHistory)) this.#decodeStepInBackground();
+          else {
+            this.#drainJob();
+            this.#decodeStep();
+          }
+        }
         this.#admit();
         if (this.#prefill) this.#prefillWork();
         await yieldToEventLoop();
       }
+      // The last step's job (its rows all ended): join it, so its error (if any) is this loop's.
+      this.#drainJob();
     } catch (e) {
       // A fault of the batch step: every running and waiting request gets the error.
+      this.#job = null;
       for (const r of [...this.#rows, ...(this.#prefill?.rows ?? []), ...this.#pending]) this.#end(r, e);
       this.#rows = [];
       this.#pending = [];
@@ -363,18 +378,7 @@ export class Scheduler {
     const picks: Pick[] = [];
     try {
       if (!last) {
-        const parts = rows.map((r) => (r.next ? mx.astype(r.next.token, "int32") : MlxArray.fromNumbers([r.seq.generated.at(-1)!], [1], "int32")));
-        try {
-          using flat = mx.concatenate(parts, 0);
-          using ids = mx.reshape(flat, [rows.length, 1]);
-          using logits = this.engine.forward(ids, caches);
-          rows.forEach((r, i) => {
-            using row = mx.index(logits, mx.sl(i, i + 1), -1, ":");
-            picks.push(r.seq.pick(row));
-          });
-        } finally {
-          for (const p of parts) p.dispose();
-        }
+        this.#buildStep(rows, caches, picks);
         asyncEval(...picks.flatMap((p) => [p.token, p.logprobs]));
       }
       // Read step t while step t+1 evaluates (the rows own the step-t+1 picks from here).
@@ -409,6 +413,96 @@ export class Scheduler {
     } finally {
       for (const p of picks) disposePick(p);
     }
+    this.#retireAfterStep(rows, caches);
+  }
+
+  /**
+   * One decode step with the background evaluator (docs/background-eval.md): build step t+2 from
+   * the rows' unread step-t+1 tokens while the worker encodes step t+1 (job J), then join J, whose
+   * worker read the step-t tokens after scheduling, accept those, and hand step t+2 to the worker
+   * (reading the step-t+1 tokens). Each row thus holds up to two unread picks: `prev` (read by the
+   * running job) and `next` (its output). A row that finishes at t has fed t+1 to the caches.
+   */
+  #decodeStepInBackground(): void {
+    const rows = this.#rows;
+    const caches = this.#caches!;
+    this.stats.decodeSteps++;
+    const unread = (r: Entry) => (r.prev ? 1 : 0) + (r.next ? 1 : 0);
+    const build = rows.some((r) => r.seq.generated.length + unread(r) < r.seq.req.maxTokens);
+    const picks: Pick[] = [];
+    try {
+      if (build) this.#buildStep(rows, caches, picks);
+      this.#drainJob();
+      if (build) {
+        // Rows that ended at step t: what they fed beyond their history (for the prompt cache), read before the next job.
+        for (const r of rows) if (r.seq.done && r.next && this.promptCache && r.seq.finishReason !== "cancelled") r.fedAhead = [r.next.token.item()];
+        const reads = rows.filter((r) => r.next);
+        const job = asyncEvalInBackground(
+          picks.flatMap((p) => [p.token, p.logprobs]),
+          reads.map((r) => r.next!.token),
+        );
+        this.#job = { job, rows: reads };
+        rows.forEach((r, i) => {
+          r.prev = r.next;
+          r.next = picks[i]!;
+        });
+        picks.length = 0;
+      } else {
+        // Every row's unread token is its last: read them here.
+        for (const r of rows) {
+          const p = r.next;
+          r.next = null;
+          if (p) this.#take(r, p);
+        }
+      }
+    } finally {
+      for (const p of picks) disposePick(p);
+    }
+    this.#retireAfterStep(rows, caches);
+  }
+
+  /** Build one decode step for `rows` from their newest tokens (unread `next`, or the last accepted id); picks pushed in row order. */
+  #buildStep(rows: readonly Entry[], caches: Cache[], picks: Pick[]): void {
+    const parts = rows.map((r) => (r.next ? mx.astype(r.next.token, "int32") : MlxArray.fromNumbers([r.seq.generated.at(-1)!], [1], "int32")));
+    try {
+      using flat = mx.concatenate(parts, 0);
+      using ids = mx.reshape(flat, [rows.length, 1]);
+      using logits = this.engine.forward(ids, caches);
+      rows.forEach((r, i) => {
+        using row = mx.index(logits, mx.sl(i, i + 1), -1, ":");
+        picks.push(r.seq.pick(row));
+      });
+    } finally {
+      for (const p of parts) p.dispose();
+    }
+  }
+
+  /** Join the running background job and accept the step-t tokens its worker read. */
+  #drainJob(): void {
+    const j = this.#job;
+    if (!j) return;
+    this.#job = null;
+    const values = j.job.values();
+    j.rows.forEach((r, i) => {
+      const p = r.prev;
+      r.prev = null;
+      if (p) this.#take(r, p, values[i]);
+    });
+  }
+
+  /** Accept a row's pick (its token's value already read, or read now) unless the row is over or cancelled; disposes the pick. */
+  #take(r: Entry, p: Pick, value?: number): void {
+    try {
+      if (r.ended) return;
+      if (r.seq.req.signal?.aborted) r.seq.cancel();
+      else if (!r.seq.done) r.seq.accept(p, value);
+    } finally {
+      disposePick(p);
+    }
+  }
+
+  /** After a decode step: the rows that finished leave the batch. */
+  #retireAfterStep(rows: readonly Entry[], caches: Cache[]): void {
     const keep = this.#retire(rows, caches);
     if (keep.length === rows.length) return;
     this.#rows = keep;
@@ -423,7 +517,7 @@ export class Scheduler {
       try {
         // A row holds the prompt and the generated tokens it was fed (the last one too when a pipelined
         // step fed it before it finished); insert keeps the ids the caches hold.
-        this.promptCache!.insert(r.seq.history, row);
+        this.promptCache!.insert([...r.seq.history, ...r.fedAhead], row);
       } finally {
         for (const c of row) c.dispose();
       }
@@ -435,7 +529,9 @@ export class Scheduler {
     if (e.ended) return;
     e.ended = true;
     if (e.next) disposePick(e.next);
+    if (e.prev) disposePick(e.prev);
     e.next = null;
+    e.prev = null;
     this.#reserved = Math.max(0, this.#reserved - e.bytes);
     if (failure !== undefined) e.seq.channel.fail(failure);
     else e.seq.finish();

@@ -60,9 +60,8 @@ export class Sequence implements Disposable {
     return { token, logprobs };
   }
 
-  /** Take the evaluated pick: record, stream, and decide whether the request is over. */
-  accept(p: Pick): void {
-    const token = p.token.item();
+  /** Take the evaluated pick: record, stream, and decide whether the request is over. `token`: its value when already read (by the background evaluator). */
+  accept(p: Pick, token: number = p.token.item()): void {
     if (this.#tFirst === 0) this.#tFirst = performance.now();
     this.generated.push(token);
     this.history.push(token);

@@ -24,13 +24,15 @@ async function run(e: Engine, req: GenerateRequest): Promise<{ tokens: number[];
 }
 
 describe("generation", () => {
-  for (const [name, step] of [
-    ["small", 2048],
-    ["small", 16],
-    ["moe", 9],
+  for (const [name, step, backgroundEval] of [
+    ["small", 2048, true],
+    ["small", 16, true],
+    ["moe", 9, true],
+    ["small", 16, false],
+    ["moe", 9, false],
   ] as const) {
-    test(`greedy tokens and log-probabilities equal mlx-lm generate_step (${name}, prefill step ${step})`, async () => {
-      using e = Engine.load(models.path(name), { prefillStep: step });
+    test(`greedy tokens and log-probabilities equal mlx-lm generate_step (${name}, prefill step ${step}, background eval ${backgroundEval ? "on" : "off"})`, async () => {
+      using e = Engine.load(models.path(name), { prefillStep: step, backgroundEval });
       const ref = mlxLmGenerate(models.path(name), PROMPT, 24, step);
       const ours = await run(e, { promptIds: PROMPT, maxTokens: 24, logprobs: 0 });
       expect(ours.tokens).toEqual(ref.tokens);

@@ -21,9 +21,13 @@ async function collect(s: ReturnType<Scheduler["submit"]>): Promise<number[]> {
 }
 
 describe("continuous batching", () => {
-  for (const name of ["small", "dense"]) {
-    test(`${name}: 16 concurrent greedy requests each produce exactly the tokens they produce alone`, async () => {
-      using e = Engine.load(models.path(name));
+  for (const [name, backgroundEval] of [
+    ["small", true],
+    ["dense", true],
+    ["small", false],
+  ] as const) {
+    test(`${name}: 16 concurrent greedy requests each produce exactly the tokens they produce alone (background eval ${backgroundEval ? "on" : "off"})`, async () => {
+      using e = Engine.load(models.path(name), { backgroundEval });
       const reqs: GenerateRequest[] = Array.from({ length: 16 }, (_, i) => ({ promptIds: prompt(i), maxTokens: 6 + (i % 5) * 3 }));
       const alone: number[][] = [];
       for (const r of reqs) {

@@ -22,7 +22,7 @@ typedef void* mlxb_array;
 typedef void* mlxb_stream;
 
 /* Bumped when a signature changes; the TS side refuses a library it does not know. */
-#define MLXB_ABI_VERSION 1
+#define MLXB_ABI_VERSION 2
 
 /* errors and versions */
 MLXB_API const char* mlxb_last_error(void);
@@ -54,6 +54,13 @@ MLXB_API int mlxb_live_handles(void);
 MLXB_API int mlxb_eval(const uint64_t* arrays, int n);
 MLXB_API int mlxb_async_eval(const uint64_t* arrays, int n);
 MLXB_API int mlxb_export_to_dot(const char* path, const uint64_t* arrays, int n);
+/* background evaluation (background.cpp): async_eval on a native worker thread. Needs the
+   shared streams (mlxb_use_shared_streams makes them the calling thread's defaults). Every call
+   that evaluates, waits or reads data joins the worker first. */
+MLXB_API int mlxb_use_shared_streams(void);
+MLXB_API int64_t mlxb_async_eval_background(const uint64_t* arrays, int n, const uint64_t* reads, int n_reads);
+MLXB_API int mlxb_join_background(void);
+MLXB_API int mlxb_background_values(int64_t id, double* out, int n);
 
 /* devices and streams: device type 0 = cpu, 1 = gpu */
 MLXB_API int mlxb_device_is_available(int type);
@@ -66,6 +73,8 @@ MLXB_API int mlxb_set_default_stream(mlxb_stream s);
 MLXB_API int mlxb_stream_index(mlxb_stream s);
 MLXB_API int mlxb_stream_device_type(mlxb_stream s);
 MLXB_API int mlxb_synchronize(mlxb_stream s);
+/* mlx-bun's defaults for MLX environment settings the user did not set (CUDA graph size) */
+MLXB_API int mlxb_apply_env_defaults(void);
 
 /* memory (bytes) */
 MLXB_API int64_t mlxb_active_memory(void);

@@ -57,6 +57,7 @@ MLXB_API mlxb_array mlxb_array_host_view(mlxb_array a) {
   MLXB_GUARD(nullptr, {
     // Evaluated and row-major (a strided or broadcast view is copied first),
     // so the host can read nbytes() from mlxb_array_data_ptr of the result.
+    join_background();
     mx::array c = arr(a);
     c.eval();
     if (!c.flags().row_contiguous || c.data_size() != c.size()) {
@@ -69,6 +70,7 @@ MLXB_API mlxb_array mlxb_array_host_view(mlxb_array a) {
 
 MLXB_API void* mlxb_array_data_ptr(mlxb_array a) {
   MLXB_GUARD(nullptr, {
+    join_background();
     auto& x = arr(a);
     if (!x.is_available() || !x.flags().row_contiguous)
       throw std::invalid_argument("data_ptr needs an evaluated row-contiguous array (use mlxb_array_host_view)");
@@ -76,36 +78,46 @@ MLXB_API void* mlxb_array_data_ptr(mlxb_array a) {
   })
 }
 
+namespace mlxb {
+double item_as_double(mx::array& x) {
+  if (x.size() != 1) throw std::invalid_argument("item() needs an array of size 1, got size " + std::to_string(x.size()));
+  // Wait on the array itself and convert on the host: a cast op would queue behind whatever
+  // work is already scheduled on the stream (and break the decode pipeline).
+  x.eval();
+  switch (x.dtype().val()) {
+    case mx::Dtype::Val::bool_: return x.item<bool>() ? 1.0 : 0.0;
+    case mx::Dtype::Val::uint8: return x.item<uint8_t>();
+    case mx::Dtype::Val::uint16: return x.item<uint16_t>();
+    case mx::Dtype::Val::uint32: return x.item<uint32_t>();
+    case mx::Dtype::Val::uint64: return static_cast<double>(x.item<uint64_t>());
+    case mx::Dtype::Val::int8: return x.item<int8_t>();
+    case mx::Dtype::Val::int16: return x.item<int16_t>();
+    case mx::Dtype::Val::int32: return x.item<int32_t>();
+    case mx::Dtype::Val::int64: return static_cast<double>(x.item<int64_t>());
+    case mx::Dtype::Val::float16: return static_cast<float>(x.item<mx::float16_t>());
+    case mx::Dtype::Val::bfloat16: return static_cast<float>(x.item<mx::bfloat16_t>());
+    case mx::Dtype::Val::float32: return x.item<float>();
+    case mx::Dtype::Val::float64: return x.item<double>();
+    case mx::Dtype::Val::complex64: return x.item<mx::complex64_t>().real();
+  }
+  throw std::invalid_argument("item(): unsupported dtype");
+}
+}  // namespace mlxb
+
 MLXB_API double mlxb_array_item_f64(mlxb_array a) {
   MLXB_GUARD(std::nan(""), {
-    auto& x = arr(a);
-    if (x.size() != 1) throw std::invalid_argument("item() needs an array of size 1, got size " + std::to_string(x.size()));
-    // Wait on the array itself and convert on the host: a cast op would queue behind whatever
-    // work is already scheduled on the stream (and break the decode pipeline).
-    x.eval();
-    switch (x.dtype().val()) {
-      case mx::Dtype::Val::bool_: return x.item<bool>() ? 1.0 : 0.0;
-      case mx::Dtype::Val::uint8: return x.item<uint8_t>();
-      case mx::Dtype::Val::uint16: return x.item<uint16_t>();
-      case mx::Dtype::Val::uint32: return x.item<uint32_t>();
-      case mx::Dtype::Val::uint64: return static_cast<double>(x.item<uint64_t>());
-      case mx::Dtype::Val::int8: return x.item<int8_t>();
-      case mx::Dtype::Val::int16: return x.item<int16_t>();
-      case mx::Dtype::Val::int32: return x.item<int32_t>();
-      case mx::Dtype::Val::int64: return static_cast<double>(x.item<int64_t>());
-      case mx::Dtype::Val::float16: return static_cast<float>(x.item<mx::float16_t>());
-      case mx::Dtype::Val::bfloat16: return static_cast<float>(x.item<mx::bfloat16_t>());
-      case mx::Dtype::Val::float32: return x.item<float>();
-      case mx::Dtype::Val::float64: return x.item<double>();
-      case mx::Dtype::Val::complex64: return x.item<mx::complex64_t>().real();
-    }
-    throw std::invalid_argument("item(): unsupported dtype");
+    join_background();
+    return item_as_double(arr(a));
   })
 }
 
-MLXB_API int mlxb_array_is_available(mlxb_array a) { MLXB_GUARD(-1, { return arr(a).is_available() ? 1 : 0; }) }
+MLXB_API int mlxb_array_is_available(mlxb_array a) { MLXB_GUARD(-1, {
+  join_background();
+  return arr(a).is_available() ? 1 : 0;
+}) }
 MLXB_API int mlxb_array_wait(mlxb_array a) {
   MLXB_GUARD(-1, {
+    join_background();
     arr(a).wait();
     return 0;
   })

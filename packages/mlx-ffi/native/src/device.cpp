@@ -36,8 +36,21 @@ MLXB_API int mlxb_stream_device_type(mlxb_stream s) {
 }
 MLXB_API int mlxb_synchronize(mlxb_stream s) {
   MLXB_GUARD(-1, {
+    join_background();
     if (s) mx::synchronize(*static_cast<mx::Stream*>(s));
     else mx::synchronize();
+    return 0;
+  })
+}
+
+// mlx-bun's defaults for MLX settings read from the environment, applied where the user set none
+// (call before the first evaluation: MLX reads them once). On CUDA, MLX closes a CUDA graph every
+// MLX_MAX_OPS_PER_BUFFER kernels (default 20); a decode step of a small model then launches dozens
+// of graphs and the GPU idles between them. 60 measured best with background evaluation on an
+// H200 (docs/benchmarks.md, "CUDA graph size").
+MLXB_API int mlxb_apply_env_defaults(void) {
+  MLXB_GUARD(-1, {
+    if (mx::cu::is_available()) setenv("MLX_MAX_OPS_PER_BUFFER", "60", 0);
     return 0;
   })
 }

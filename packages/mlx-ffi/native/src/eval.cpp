@@ -16,12 +16,14 @@ static std::vector<mx::array> gather(const uint64_t* hs, int n) {
 
 MLXB_API int mlxb_eval(const uint64_t* arrays, int n) {
   MLXB_GUARD(-1, {
+    join_background();
     mx::eval(gather(arrays, n));
     return 0;
   })
 }
 MLXB_API int mlxb_async_eval(const uint64_t* arrays, int n) {
   MLXB_GUARD(-1, {
+    join_background();
     mx::async_eval(gather(arrays, n));
     return 0;
   })
@@ -32,6 +34,7 @@ MLXB_API int mlxb_async_eval(const uint64_t* arrays, int n) {
 MLXB_API int mlxb_export_to_dot(const char* path, const uint64_t* arrays, int n) {
   MLXB_GUARD(-1, {
     if (!path) throw std::invalid_argument("null path");
+    join_background();
     std::ofstream os(path);
     if (!os) throw std::runtime_error(std::string("cannot open ") + path + " for writing");
     mx::export_to_dot(os, gather(arrays, n));

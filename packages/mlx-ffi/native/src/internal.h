@@ -28,6 +28,10 @@ mx::Shape shape_from(const int32_t* shape, int ndim);
 // Bytes of a dense array of this shape and dtype; a negative dimension is an error.
 size_t dense_nbytes(const mx::Shape& shape, mx::Dtype dt);
 mx::StreamOrDevice stream_of(mlxb_stream s);
+// Wait for a background async_eval (background.cpp) before evaluating, waiting or reading data.
+void join_background();
+// A size-1 array's value as a double (evaluates or waits first).
+double item_as_double(mx::array& x);
 }  // namespace mlxb
 
 // Run a body; turn any exception into the thread-local error and a failure value.

@@ -66,6 +66,7 @@ MLXB_API int mlxb_st_writer_meta(mlxb_st w, const char* key, const char* value) 
 MLXB_API int mlxb_st_writer_save(mlxb_st w, const char* path) {
   MLXB_GUARD(-1, {
     auto& wr = writer(w);
+    join_background();
     mx::save_safetensors(std::string(path), wr.arrays, wr.meta);
     return 0;
   })

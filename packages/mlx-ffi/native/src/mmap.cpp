@@ -125,6 +125,7 @@ MLXB_API int mlxb_mmap_is_mapped(mlxb_array a, void* h) {
   MLXB_GUARD(-1, {
     auto& x = arr(a);
     auto& m = mapping(h);
+    join_background();
     if (!x.is_available() || x.nbytes() == 0) return 0;
     auto p = reinterpret_cast<uintptr_t>(x.data<void>());
     auto b = reinterpret_cast<uintptr_t>(m->base);
