@@ -19,8 +19,9 @@ export function asyncEval(...arrays: MlxArray[]): void {
 
 /**
  * Make streams usable from any thread this thread's defaults (MLX 0.32 ties an ordinary stream's
- * command encoder to the thread that made it) and start the background evaluator. Idempotent;
- * arrays built before the call stay on their old streams. Needed by `asyncEvalInBackground`.
+ * command encoder to the thread that made it) and start the background evaluator. Done when the
+ * library loads; call again to restore them after setting other default streams (arrays built on
+ * those cannot be evaluated by `asyncEvalInBackground`). Idempotent.
  */
 export function useSharedStreams(): void {
   checkStatus(lib().mlxb_use_shared_streams(), "use_shared_streams");

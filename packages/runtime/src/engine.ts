@@ -1,7 +1,7 @@
 // Engine: a loaded model plus the single-request generation loop (chunked prefill, pipelined
 // decode with async eval), in mlx-lm generate_step's order so greedy tokens match it.
 import { basename } from "node:path";
-import { asyncEval, asyncEvalInBackground, evaluate, memory, MlxArray, MlxError, useSharedStreams } from "@mlx-bun/mlx-ffi";
+import { asyncEval, asyncEvalInBackground, evaluate, memory, MlxArray, MlxError } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Cache } from "@mlx-bun/kv-cache";
 import { type KvMode, kvModeName, type LoadedModel, loadModel, parseKvMode } from "@mlx-bun/models";
@@ -57,7 +57,6 @@ export class Engine implements Disposable {
     this.maxKvSize = opts.maxKvSize;
     this.#model = opts.stepModel ?? loaded.model;
     this.backgroundEval = opts.backgroundEval ?? (opts.stepModel ? false : defaultBackgroundEval());
-    if (this.backgroundEval) useSharedStreams();
   }
 
   static load(dir: string, opts: EngineOptions = {}): Engine {

@@ -87,15 +87,8 @@ Worker* worker = nullptr;  // made by mlxb_use_shared_streams, never destroyed
 
 namespace mlxb {
 void join_background() {
-  if (!worker || !worker->busy.load(std::memory_order_acquire)) {
-    if (worker && !worker->error.empty()) {
-      std::string e = std::move(worker->error);
-      worker->error.clear();
-      throw std::runtime_error("an earlier background async_eval failed: " + e);
-    }
-    return;
-  }
-  worker->busy.wait(true, std::memory_order_acquire);
+  if (!worker) return;
+  if (worker->busy.load(std::memory_order_acquire)) worker->busy.wait(true, std::memory_order_acquire);
   if (!worker->error.empty()) {
     std::string e = std::move(worker->error);
     worker->error.clear();
