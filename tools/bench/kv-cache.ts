@@ -9,7 +9,8 @@ import { renameSync, writeFileSync } from "node:fs";
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { defaultDevice, memory } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { type Cache, KVCache, affineCodec, affineDecodeKernel, turboQuantCodec, type KvCodec, plainCodec } from "@mlx-bun/kv-cache";
+import { type Cache, KVCache, affineCodec, turboQuantCodec, type KvCodec, plainCodec } from "@mlx-bun/kv-cache";
+import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-decode.ts";
 
 const argv = process.argv;
 const opt = (name: string, def: string): string => {

@@ -3,6 +3,7 @@ import { itemSize, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { checkKv, type KvCodec, PlanesView } from "./codec.ts";
 import { affineDecodeAttention } from "./kernels/affine-decode.ts";
+import type { QuantTriple } from "./quant-triple.ts";
 import { type Mask, fail } from "./types.ts";
 
 /** Queries per tile in the tiled prefill path: bounds the [L, T] score matrix. */
@@ -13,12 +14,6 @@ const FINFO_MIN: Record<string, number> = {
   float16: -65504,
   float32: -3.4028234663852886e38,
 };
-
-export interface QuantTriple {
-  w: MlxArray;
-  scales: MlxArray;
-  biases: MlxArray;
-}
 
 /**
  * mlx-lm's quantized_scaled_dot_product_attention (models/base.py), op for

@@ -1,7 +1,18 @@
 // BatchRotatingKVCache: batched sliding-window rings with left padding (mlx-lm's BatchRotatingKVCache), over any codec.
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { checkPlanesMatch, describeCache, justifyRows, type PrepareOptions, readRowSlot, sameCodec } from "./batch.ts";
+import {
+  type BatchCache,
+  checkExtend,
+  checkFilterRows,
+  checkPlanesMatch,
+  checkRow,
+  describeCache,
+  justifyRows,
+  type PrepareOptions,
+  readRowSlot,
+  sameCodec,
+} from "./batch-cache.ts";
 import { checkKv, type KvCodec, plainCodec } from "./codec.ts";
 import { makeState } from "./growable.ts";
 import { createCausalMask } from "./mask.ts";
@@ -24,7 +35,7 @@ import { type Cache, type CacheState, type KvView, type Mask, fail, checkTrim } 
  * while the buffer is larger), then the row offsets and the left padding as
  * int32 [B]; meta { offset, idx, rotated (0/1), maxSize }.
  */
-export class BatchRotatingKVCache extends PlaneLayout implements Cache {
+export class BatchRotatingKVCache extends PlaneLayout implements BatchCache {
   static readonly step = 256;
   #lp: number[];
   #offs: number[];
@@ -300,10 +311,7 @@ export class BatchRotatingKVCache extends PlaneLayout implements Cache {
 
   /** Keep only `rows` (in that order); mlx-lm's filter (no padding shift for the ring). */
   filter(rows: readonly number[]): void {
-    const B = this.#lp.length;
-    checkInts("BatchRotatingKVCache.filter: rows", rows);
-    if (rows.length === 0) fail("BatchRotatingKVCache.filter: keep at least one row (dispose the cache to drop them all)");
-    for (const r of rows) if (r < 0 || r >= B) fail(`BatchRotatingKVCache.filter: row ${r} is out of range for a batch of ${B}`);
+    checkFilterRows("BatchRotatingKVCache.filter", rows, this.#lp.length);
     this.#requireFinalized("filter");
     if (this._planes) replaceAll(this._planes, (p) => takeRows(p, rows));
     this.#lp = rows.map((r) => this.#lp[r]!);
@@ -316,12 +324,8 @@ export class BatchRotatingKVCache extends PlaneLayout implements Cache {
    * aligned both are first put in temporal order (`other` is re-laid-out
    * that way too; its content does not change).
    */
-  extend(other: BatchRotatingKVCache): void {
-    if (!(other instanceof BatchRotatingKVCache)) fail(`BatchRotatingKVCache.extend: expected a BatchRotatingKVCache, got ${describeCache(other)}`);
-    if (other.signature() !== this.signature() || !sameCodec(this.codec, other.codec)) {
-      fail(`BatchRotatingKVCache.extend: cannot mix ${other.signature()} rows into a ${this.signature()} batch`);
-    }
-    if (other === this) fail("BatchRotatingKVCache.extend: cannot extend a batch with itself");
+  extend(batch: BatchCache): void {
+    const other = checkExtend("BatchRotatingKVCache.extend", this, batch, BatchRotatingKVCache);
     this.#requireFinalized("extend");
     other.#requireFinalized("extend");
     if (!this._planes && !other._planes) {
@@ -360,8 +364,7 @@ export class BatchRotatingKVCache extends PlaneLayout implements Cache {
 
   /** Row `row` as a compact RotatingKVCache(maxSize) in temporal order (mlx-lm's extract); the batch is not changed. */
   extract(row: number): RotatingKVCache {
-    const B = this.#lp.length;
-    if (!Number.isInteger(row) || row < 0 || row >= B) fail(`BatchRotatingKVCache.extract: row ${row} is out of range for a batch of ${B}`);
+    checkRow("BatchRotatingKVCache.extract", row, this.#lp.length);
     this.#requireFinalized("extract");
     const out = new RotatingKVCache(this.maxSize, 0, this.codec);
     out.minimumReusableOffset = this.#rowMin[row]!;

@@ -10,52 +10,23 @@ import {
   compactRow,
   int32Vector,
   leftPaddedRow,
-  padTokens,
   paddedCausalMask,
   rollRows,
   takeRows,
-  zeroRows,
 } from "./rows.ts";
 import { type Cache, type CacheState, type KvView, type Mask, fail, checkTrim } from "./types.ts";
-
-/** Padding of the next prefill (mlx-lm's `prepare(left_padding=, lengths=, right_padding=)`), one entry per row. */
-export interface PrepareOptions {
-  /** Extra left padding per row; only on an empty cache. */
-  leftPadding?: readonly number[];
-  /** Valid tokens per row in the next chunk(s) (BatchRotatingKVCache needs it with rightPadding). */
-  lengths?: readonly number[];
-  /** Trailing padding per row of the next chunk; finalize() moves it to the left. */
-  rightPadding?: readonly number[];
-}
-
-/** Two codecs write interchangeable planes (same name; TurboQuant: same seed). */
-export function sameCodec(a: KvCodec, b: KvCodec): boolean {
-  if (a === b) return true;
-  if (a.name !== b.name) return false;
-  const sa = (a as { seed?: number }).seed;
-  const sb = (b as { seed?: number }).seed;
-  return sa === sb;
-}
-
-/** Check that `planes` (from another cache) can sit next to `ref` in one batch: heads, trailing dims, dtypes. */
-export function checkPlanesMatch(op: string, ref: readonly MlxArray[], planes: readonly MlxArray[]): void {
-  if (ref.length !== planes.length) fail(`${op}: ${planes.length} planes vs ${ref.length}`);
-  ref.forEach((r, i) => {
-    const p = planes[i]!;
-    if (p.ndim !== 4 || p.shape[1] !== r.shape[1] || p.shape[3] !== r.shape[3] || p.dtype !== r.dtype) {
-      fail(`${op}: plane ${i} ${p.describe()} does not match ${r.describe()} (heads, head dim and dtype must agree)`);
-    }
-  });
-}
-
-/** Read an int32 [B] slot of a batched state back to host numbers. */
-export function readRowSlot(op: string, name: string, t: MlxArray | undefined, batch?: number): number[] {
-  if (!t) fail(`${op}: the ${name} slot is missing`);
-  if (t.dtype !== "int32" || t.ndim !== 1) fail(`${op}: the ${name} slot must be int32 [B], got ${t.describe()}`);
-  if (batch !== undefined && t.shape[0] !== batch) fail(`${op}: the ${name} slot has ${t.shape[0]} rows, expected ${batch}`);
-  if (t.shape[0] === 0) fail(`${op}: the ${name} slot is empty (a batch has at least one row)`);
-  return Array.from(t.toTypedArray() as Int32Array);
-}
+import {
+  type BatchCache,
+  checkExtend,
+  checkFilterRows,
+  checkPlanesMatch,
+  checkRow,
+  describeCache,
+  justifyRows,
+  type PrepareOptions,
+  readRowSlot,
+  sameCodec,
+} from "./batch-cache.ts";
 
 /**
  * Rows of one batch, left-padded so their last tokens align (mlx-lm's
@@ -68,7 +39,7 @@ export function readRowSlot(op: string, name: string, t: MlxArray | undefined, b
  * State slots: the codec's planes sliced to `idx` (none while empty), then
  * the row offsets and the left padding as int32 [B]; meta { idx }.
  */
-export class BatchKVCache extends PlaneLayout implements Cache {
+export class BatchKVCache extends PlaneLayout implements BatchCache {
   static readonly step = 256;
   #lp: number[];
   #idx = 0;
@@ -244,10 +215,7 @@ export class BatchKVCache extends PlaneLayout implements Cache {
 
   /** Keep only `rows` (in that order), then drop the padding columns every row has (mlx-lm's filter). */
   filter(rows: readonly number[]): void {
-    const B = this.#lp.length;
-    checkInts("BatchKVCache.filter: rows", rows);
-    if (rows.length === 0) fail("BatchKVCache.filter: keep at least one row (dispose the cache to drop them all)");
-    for (const r of rows) if (r < 0 || r >= B) fail(`BatchKVCache.filter: row ${r} is out of range for a batch of ${B}`);
+    checkFilterRows("BatchKVCache.filter", rows, this.#lp.length);
     this.#requireFinalized("filter");
     if (this._planes) replaceAll(this._planes, (p) => takeRows(p, rows));
     this.#lp = rows.map((r) => this.#lp[r]!);
@@ -261,12 +229,8 @@ export class BatchKVCache extends PlaneLayout implements Cache {
   }
 
   /** Append the rows of `other` (mlx-lm's extend): both are right-justified at the larger idx. `other` is not changed. */
-  extend(other: BatchKVCache): void {
-    if (!(other instanceof BatchKVCache)) fail(`BatchKVCache.extend: expected a BatchKVCache, got ${describeCache(other)}`);
-    if (other.signature() !== this.signature() || !sameCodec(this.codec, other.codec)) {
-      fail(`BatchKVCache.extend: cannot mix ${other.signature()} rows into a ${this.signature()} batch`);
-    }
-    if (other === this) fail("BatchKVCache.extend: cannot extend a batch with itself");
+  extend(batch: BatchCache): void {
+    const other = checkExtend("BatchKVCache.extend", this, batch, BatchKVCache);
     this.#requireFinalized("extend");
     other.#requireFinalized("extend");
     if (!this._planes && !other._planes) {
@@ -300,8 +264,7 @@ export class BatchKVCache extends PlaneLayout implements Cache {
 
   /** Row `row` as a compact single-row KVCache (padding removed, contiguous copies); the batch is not changed. */
   extract(row: number): KVCache {
-    const B = this.#lp.length;
-    if (!Number.isInteger(row) || row < 0 || row >= B) fail(`BatchKVCache.extract: row ${row} is out of range for a batch of ${B}`);
+    checkRow("BatchKVCache.extract", row, this.#lp.length);
     this.#requireFinalized("extract");
     const out = new KVCache(this.codec);
     out.minimumReusableOffset = this.#rowMin[row]!;
@@ -364,42 +327,5 @@ export class BatchKVCache extends PlaneLayout implements Cache {
 
   signature(): string {
     return `batch:${this.codec.name}`;
-  }
-
-  /** Bytes one more token column costs (all rows). */
-}
-
-export function describeCache(c: unknown): string {
-  if (c && typeof c === "object" && "signature" in c && typeof (c as Cache).signature === "function") {
-    return `${(c as object).constructor?.name ?? "a cache"} (${(c as Cache).signature()})`;
-  }
-  return String(c);
-}
-
-/**
- * The planes of one side of an extend (mlx-lm's `pad` in extend): `left`
- * zero tokens in front, cut or zero-padded on the right to `size` tokens;
- * an empty side becomes zeros shaped like `ref`.
- */
-export function justifyRows(ref: readonly MlxArray[], planes: readonly MlxArray[] | null, rows: number, left: number, size: number): MlxArray[] {
-  const out: MlxArray[] = [];
-  try {
-    ref.forEach((r, i) => {
-      if (!planes) {
-        out.push(zeroRows(r, rows, size));
-        return;
-      }
-      const src = planes[i]!;
-      const t = src.shape[2]!;
-      let right = size - t - left;
-      const keep = right < 0 ? Math.max(0, t + right) : t;
-      if (right < 0) right = 0;
-      using cut = keep < t ? tokens(src, 0, keep) : src.retain();
-      out.push(left !== 0 || right !== 0 ? padTokens(cut, left, right) : cut.retain());
-    });
-    return out;
-  } catch (e) {
-    disposeAll(out);
-    throw e;
   }
 }

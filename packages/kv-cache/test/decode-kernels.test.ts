@@ -5,22 +5,12 @@
 import { describe, expect, test } from "vitest";
 import { type Dtype, memory, MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import {
-  affineDecodeAttention,
-  affineDecodeKernel,
-  decodeCombineKernel,
-  DECODE_WARPS,
-  decodeMask,
-  decodePlan,
-  KVCache,
-  affineCodec,
-  quantizedAttention,
-  quantizedKeyAttention,
-  turboDecodeKernel,
-  turboQuantCodec,
-  turboValues,
-  type Mask,
-} from "../src/index.ts";
+import { KVCache, affineCodec, quantizedAttention, quantizedKeyAttention, turboQuantCodec, type Mask } from "../src/index.ts";
+import { affineDecodeAttention, affineDecodeKernel } from "../src/kernels/affine-decode.ts";
+import { decodeCombineKernel } from "../src/kernels/decode-combine.ts";
+import { DECODE_WARPS, decodeMask, decodePlan } from "../src/kernels/decode-plan.ts";
+import { turboDecodeKernel } from "../src/kernels/turbo-decode.ts";
+import { turboValues } from "../src/kernels/turbo-values.ts";
 import { closeDiff, relativeError as relErr } from "../../../tools/oracle/compare.ts";
 
 const { gpu_backend } = mx.kernels;

@@ -1,7 +1,8 @@
 import { describe, expect, test } from "vitest";
 import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { turboQuantCodec, turboValues, turboValuesKernel, KVCache } from "../src/index.ts";
+import { turboQuantCodec, KVCache } from "../src/index.ts";
+import { turboValues, turboValuesKernel } from "../src/kernels/turbo-values.ts";
 import { closeDiff, exactDiff } from "../../../tools/oracle/compare.ts";
 
 const { gpu_backend, select_kernel_path } = mx.kernels;

@@ -12,6 +12,21 @@ export * as random from "./random.ts";
 export * as distributed from "./distributed.ts";
 export { type ArrayOrScalar, type Scalar, scalarDtype } from "./scalar.ts";
 export type { Axes } from "./axes.ts";
-
-// part B exports below
-export * from "./part-b.ts";
+export {
+  type DequantizeOptions,
+  type GatherOptions,
+  type QuantizeOptions,
+  type QuantizedMatmulOptions,
+  type QuantMode,
+  QUANT_DEFAULTS,
+  QuantizedTensor,
+  dequantize,
+  gather_mm,
+  gather_qmm,
+  quantize,
+  quantized_matmul,
+} from "./quantized.ts";
+export { type AttentionMask, type RopeOptions, type SdpaOptions, fast } from "./fast.ts";
+export { type CompileOptions, type CompiledFunction, compile, set_compile_enabled } from "./compile.ts";
+export * as kernels from "./kernels/index.ts";
+export { type DeviceCodebook, type GaussianCodebook, turboquant } from "./turboquant.ts";

@@ -5,8 +5,9 @@ import { type MlxArray, memory } from "@mlx-bun/mlx-ffi";
 import { oracle } from "../../../tools/oracle/oracle.ts";
 import { add, exp, gelu_approx, multiply, negative, tanh } from "../src/elementwise.ts";
 import { sum } from "../src/reduce.ts";
-import { compile, fast, set_compile_enabled } from "../src/part-b.ts";
-import { expectExact, randn } from "./part-b-helpers.ts";
+import { compile, set_compile_enabled } from "../src/compile.ts";
+import { fast } from "../src/fast.ts";
+import { expectExact, randn } from "./seeded-inputs.ts";
 
 // f(x, y) = tanh(x * y) + exp(-x), written with `using` for the intermediates.
 function f(x: MlxArray, y: MlxArray): MlxArray {

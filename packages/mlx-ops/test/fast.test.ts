@@ -2,8 +2,8 @@
 import { describe, expect, test } from "vitest";
 import { type Dtype, MlxArray } from "@mlx-bun/mlx-ffi";
 import { oracle } from "../../../tools/oracle/oracle.ts";
-import { fast } from "../src/part-b.ts";
-import { expectExact, expectNoLeaks, randn } from "./part-b-helpers.ts";
+import { fast } from "../src/fast.ts";
+import { expectExact, expectNoLeaks, randn } from "./seeded-inputs.ts";
 
 const DTYPES: Dtype[] = ["float32", "bfloat16", "float16"];
 

@@ -1,4 +1,5 @@
-// Shared by the part-A op tests: deterministic inputs and a batched comparison against Python MLX.
+// Shared by the core op tests (creation, elementwise, reduce, shape, linalg, random): deterministic
+// inputs and a batched comparison against Python MLX.
 import { type Dtype, MlxArray } from "@mlx-bun/mlx-ffi";
 import { closeDiff, exactDiff } from "../../../tools/oracle/compare.ts";
 import { oracle } from "../../../tools/oracle/oracle.ts";

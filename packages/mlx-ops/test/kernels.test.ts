@@ -4,8 +4,8 @@ import { describe, expect, test } from "vitest";
 import { type Dtype, Stream } from "@mlx-bun/mlx-ffi";
 import { oracle } from "../../../tools/oracle/oracle.ts";
 import { astype } from "../src/elementwise.ts";
-import { kernels } from "../src/part-b.ts";
-import { expectClose, expectExact, expectNoLeaks, randn } from "./part-b-helpers.ts";
+import * as kernels from "../src/kernels/index.ts";
+import { expectClose, expectExact, expectNoLeaks, randn } from "./seeded-inputs.ts";
 
 const { select_kernel_path, gpu_backend, kernel_environment, geglu, geglu_kernel, custom_kernel } = kernels;
 type Env = kernels.KernelEnvironment;

@@ -12,8 +12,8 @@ import {
   quantize,
   quantized_matmul,
   type QuantMode,
-} from "../src/part-b.ts";
-import { expectExact, expectNoLeaks, randint, randn } from "./part-b-helpers.ts";
+} from "../src/quantized.ts";
+import { expectExact, expectNoLeaks, randint, randn } from "./seeded-inputs.ts";
 
 const py = (b: boolean): string => (b ? "True" : "False");
 

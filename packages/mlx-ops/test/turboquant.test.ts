@@ -5,8 +5,8 @@ import { describe, expect, test } from "vitest";
 import { MlxArray } from "@mlx-bun/mlx-ffi";
 import { oracle } from "../../../tools/oracle/oracle.ts";
 import { maxAbsDiff } from "../../../tools/oracle/compare.ts";
-import { turboquant as tq } from "../src/part-b.ts";
-import { expectExact, expectNoLeaks, randint, randn } from "./part-b-helpers.ts";
+import { turboquant as tq } from "../src/turboquant.ts";
+import { expectExact, expectNoLeaks, randint, randn } from "./seeded-inputs.ts";
 
 const ROOT = new URL("../../../", import.meta.url).pathname;
 

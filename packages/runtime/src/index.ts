@@ -1,17 +1,64 @@
 /**
- * @mlx-bun/runtime: generation (chunked prefill, pipelined decode, sampling, stop strings,
- * streaming), continuous batching, prompt-cache reuse and KV persistence.
+ * @mlx-bun/runtime: generation (chunked prefill, one pipelined decode path for one row or many,
+ * sampling and logits processors, stop strings, streaming), continuous batching, prompt-cache
+ * reuse and KV persistence.
  */
-export * from "./types.ts";
-export { Engine, type EngineOptions, type PrefillProgress, RequestError, type RequestLimits, type RunOptions, validateRequest } from "./engine.ts";
-export { KeyStream, logSoftmax, processLogits, type ResolvedSampling, resolveSampling, sample, temperedLogits } from "./sampling.ts";
+export type {
+  FinishReason,
+  GenerateRequest,
+  GenerationEvent,
+  GenerationResult,
+  GenerationStream,
+  LogitsProcessor,
+  SamplingParams,
+  SpeculativeStats,
+  TopLogprob,
+} from "./types.ts";
+export { Engine, type EngineOptions, type PrefillProgress, type RunOptions } from "./engine.ts";
+export { RequestError, type RequestLimits, validateRequest } from "./request.ts";
+export { Mutex, yieldToEventLoop } from "./async.ts";
+export {
+  applyProcessors,
+  KeyStream,
+  logSoftmax,
+  processLogits,
+  type ResolvedSampling,
+  resolveSampling,
+  sample,
+  samplingProcessors,
+  temperedLogits,
+} from "./sampling.ts";
 export { StopMatcher } from "./stop.ts";
 export { EventChannel } from "./stream.ts";
 export { type Pick, Sequence } from "./sequence.ts";
-export { Scheduler, type SchedulerOptions, type SchedulerStats } from "./scheduler.ts";
-export { mergeRows, type PrefillModel, prefillBatch, prefillChunk, takeBatchRows } from "./batch-prefill.ts";
+export { DecodeRunner, Row, type RunnerOptions, type StepForward } from "./runner.ts";
+export { Scheduler, type SchedulerOptions, type SchedulerStats, type SubmitOptions } from "./scheduler.ts";
+export { type PrefillModel, prefillBatch, prefillChunk } from "./batch-prefill.ts";
 export { DEFAULT_NUM_DRAFT_TOKENS, SpeculativeDecoder, type SpeculativeOptions } from "./speculative.ts";
 export { firstRejection, rejectionSample, type RejectionDraws, samplingLogProbs } from "./speculative-sampling.ts";
-export * from "./kv-store.ts";
-export * from "./prompt-cache.ts";
+export {
+  KV_STORE_FORMAT,
+  KV_STORE_VERSION,
+  KvStoreError,
+  type KvStoreInfo,
+  type KvStoreLayer,
+  loadPromptCache,
+  type LoadedPromptCache,
+  type LoadPromptCacheOptions,
+  readPromptCacheInfo,
+  savePromptCache,
+  type SavePromptCacheInfo,
+  type SavePromptCacheInput,
+} from "./kv-store.ts";
+export {
+  copyCaches,
+  emptyCachesLike,
+  type LookupOptions,
+  PromptCache,
+  type PromptCacheEntryInfo,
+  PromptCacheError,
+  type PromptCacheHit,
+  type PromptCacheOptions,
+  type PromptCacheStats,
+} from "./prompt-cache.ts";
 export { type Backend, backendAvailable, followSteps, type FollowOptions, type Group, joinGroup, LeaderModel, type StepModel, StepOp } from "./distributed.ts";

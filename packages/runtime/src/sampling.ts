@@ -3,7 +3,7 @@
 // log-probabilities, then categorical sampling at the temperature (greedy when 0).
 import { MlxArray, MlxError } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import type { SamplingParams } from "./types.ts";
+import type { LogitsProcessor, SamplingParams } from "./types.ts";
 
 /** Settings with defaults applied and checked. */
 export interface ResolvedSampling {
@@ -57,46 +57,81 @@ function updateColumns(logits: MlxArray, ids: number[], fn: (sel: MlxArray) => M
   return mx.put_along_axis(logits, idx, upd, -1);
 }
 
-/** The logits processors of mlx-lm, in its order, for one [1, V] row. `history` is prompt + generated ids. */
-export function processLogits(logits: MlxArray, history: readonly number[], s: ResolvedSampling): MlxArray {
+/** Run `processors` in order over one [1, V] row (`logits` borrowed; the result is the caller's). */
+export function applyProcessors(logits: MlxArray, history: readonly number[], processors: readonly LogitsProcessor[]): MlxArray {
   let out = logits.retain();
-  const step = (next: MlxArray): void => {
+  for (const p of processors) {
+    const next = p.process(history, out);
     out.dispose();
     out = next;
-  };
-  if (s.logitBias.length) {
-    const ids = s.logitBias.map(([i]) => i);
-    using vals = MlxArray.fromNumbers(s.logitBias.map(([, v]) => v), [1, ids.length], "float32");
-    step(updateColumns(out, ids, (sel) => {
-      using v = mx.astype(vals, sel.dtype);
-      return mx.add(sel, v);
-    }));
-  }
-  const window = history.slice(-s.penaltyContext);
-  if (window.length) {
-    const counts = new Map<number, number>();
-    for (const t of window) counts.set(t, (counts.get(t) ?? 0) + 1);
-    const uniq = [...counts.keys()];
-    if (s.repetitionPenalty !== 1) {
-      const p = s.repetitionPenalty;
-      step(updateColumns(out, uniq, (sel) => {
-        using neg = mx.less(sel, 0);
-        using mul = mx.multiply(sel, p);
-        using div = mx.divide(sel, p);
-        return mx.where(neg, mul, div);
-      }));
-    }
-    if (s.presencePenalty !== 0) step(updateColumns(out, uniq, (sel) => mx.subtract(sel, s.presencePenalty)));
-    if (s.frequencyPenalty !== 0) {
-      // mlx-lm subtracts once per occurrence (scatter-subtract): k passes, not one multiple of p.
-      const maxCount = Math.max(...counts.values());
-      for (let k = 1; k <= maxCount; k++) {
-        const ids = uniq.filter((t) => counts.get(t)! >= k);
-        step(updateColumns(out, ids, (sel) => mx.subtract(sel, s.frequencyPenalty)));
-      }
-    }
   }
   return out;
+}
+
+/** The logits processors the sampling settings ask for, in mlx-lm's order: logit bias, then the penalties. */
+export function samplingProcessors(s: ResolvedSampling): LogitsProcessor[] {
+  const out: LogitsProcessor[] = [];
+  if (s.logitBias.length) out.push(logitBiasProcessor(s.logitBias));
+  if (s.repetitionPenalty !== 1 || s.presencePenalty !== 0 || s.frequencyPenalty !== 0) out.push(penaltyProcessor(s));
+  return out;
+}
+
+/** The logits processors of mlx-lm, in its order, for one [1, V] row. `history` is prompt + generated ids. */
+export function processLogits(logits: MlxArray, history: readonly number[], s: ResolvedSampling): MlxArray {
+  return applyProcessors(logits, history, samplingProcessors(s));
+}
+
+function logitBiasProcessor(bias: readonly [number, number][]): LogitsProcessor {
+  const ids = bias.map(([i]) => i);
+  const values = bias.map(([, v]) => v);
+  return {
+    readsHistory: false,
+    process(_history, logits) {
+      using vals = MlxArray.fromNumbers(values, [1, ids.length], "float32");
+      return updateColumns(logits, ids, (sel) => {
+        using v = mx.astype(vals, sel.dtype);
+        return mx.add(sel, v);
+      });
+    },
+  };
+}
+
+/** Repetition, presence and frequency penalties over the last `penaltyContext` ids (mlx-lm's make_logits_processors). */
+function penaltyProcessor(s: ResolvedSampling): LogitsProcessor {
+  return {
+    readsHistory: true,
+    process(history, logits) {
+      let out = logits.retain();
+      const step = (next: MlxArray): void => {
+        out.dispose();
+        out = next;
+      };
+      const window = history.slice(-s.penaltyContext);
+      if (!window.length) return out;
+      const counts = new Map<number, number>();
+      for (const t of window) counts.set(t, (counts.get(t) ?? 0) + 1);
+      const uniq = [...counts.keys()];
+      if (s.repetitionPenalty !== 1) {
+        const p = s.repetitionPenalty;
+        step(updateColumns(out, uniq, (sel) => {
+          using neg = mx.less(sel, 0);
+          using mul = mx.multiply(sel, p);
+          using div = mx.divide(sel, p);
+          return mx.where(neg, mul, div);
+        }));
+      }
+      if (s.presencePenalty !== 0) step(updateColumns(out, uniq, (sel) => mx.subtract(sel, s.presencePenalty)));
+      if (s.frequencyPenalty !== 0) {
+        // mlx-lm subtracts once per occurrence (scatter-subtract): k passes, not one multiple of p.
+        const maxCount = Math.max(...counts.values());
+        for (let k = 1; k <= maxCount; k++) {
+          const ids = uniq.filter((t) => counts.get(t)! >= k);
+          step(updateColumns(out, ids, (sel) => mx.subtract(sel, s.frequencyPenalty)));
+        }
+      }
+      return out;
+    },
+  };
 }
 
 /** logprobs = logits - logsumexp(logits) (mlx-lm's generate_step). */

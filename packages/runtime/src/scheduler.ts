@@ -1,18 +1,20 @@
-// Continuous batching: requests join and leave the decode batch between steps. Waiting requests
-// are prefilled together (one batch, right-padded chunks moved to left padding: batch-prefill.ts),
-// then their batch caches join the running batch's left-padded caches (BatchKVCache /
-// BatchRotatingKVCache); every decode step runs the whole batch in one forward pass, each row
-// samples with its own settings, and step t+1 is built and scheduled before step t is read.
+// Continuous batching: the scheduler decides which requests run each decode step (admission by
+// memory budget, joins, cancellation); the runner (runner.ts) runs the step. Waiting requests are
+// prefilled together (right-padded chunks moved to left padding: batch-prefill.ts), then their
+// batch caches join the running batch's (BatchCache). A request admitted while nothing decodes
+// runs on single-sequence caches, exactly as mlx-lm's generate_step, until another joins it.
 import { totalmem } from "node:os";
-import { asyncEval, asyncEvalInBackground, type BackgroundJob, evaluate, memory, MlxArray } from "@mlx-bun/mlx-ffi";
-import * as mx from "@mlx-bun/mlx-ops";
-import type { BatchKVCache, Cache } from "@mlx-bun/kv-cache";
+import { memory } from "@mlx-bun/mlx-ffi";
+import { asBatchCache, type Cache, mergeRows, takeBatchRows } from "@mlx-bun/kv-cache";
 import { codecFor } from "@mlx-bun/models";
-import { mergeRows, prefillChunk, takeBatchRows } from "./batch-prefill.ts";
-import { type Engine, RequestError, validateRequest } from "./engine.ts";
+import { yieldToEventLoop } from "./async.ts";
+import { prefillChunk } from "./batch-prefill.ts";
+import type { Engine, PrefillProgress } from "./engine.ts";
 import type { PromptCache } from "./prompt-cache.ts";
+import { RequestError, validateRequest } from "./request.ts";
+import { DecodeRunner, Row } from "./runner.ts";
+import { Sequence } from "./sequence.ts";
 import type { SpeculativeDecoder } from "./speculative.ts";
-import { type Pick, Sequence } from "./sequence.ts";
 import type { GenerateRequest, GenerationStream } from "./types.ts";
 
 export interface SchedulerOptions {
@@ -46,44 +48,58 @@ export interface SchedulerStats {
   decodeSteps: number;
 }
 
-/** Requests being prefilled together: their batch caches and the prompt tokens not fed yet (the last excluded). */
+/** Options of one submitted request beyond the request itself. */
+export interface SubmitOptions {
+  /** Progress of its prefill: prompt tokens fed of those not served by the prompt cache. */
+  onPrefill?: PrefillProgress;
+}
+
+/**
+ * Requests being prefilled together: their caches (batched, or one row's single-sequence caches
+ * when `solo`) and the prompt tokens not fed yet (the last excluded).
+ */
 interface PrefillGroup {
   rows: Entry[];
   caches: Cache[];
   rest: number[][];
+  solo: boolean;
 }
 
-interface Entry {
-  seq: Sequence;
-  /** KV bytes reserved for prompt + max_tokens. */
-  bytes: number;
-  /** The token chosen at the last decode step, not read yet (pipelined decode); null once read. */
-  next: Pick | null;
-  /** With background evaluation: the pick before `next`, which the running job reads; null once read. */
-  prev: Pick | null;
-  /** Tokens fed to the caches beyond the accepted history (background evaluation builds two steps ahead). */
-  fedAhead: number[];
+/** A request in the scheduler: its decode row, its KV reservation and its prefill progress. */
+class Entry extends Row {
   /** The stream was closed and the reservation released. */
-  ended: boolean;
+  ended = false;
+  /** Prompt tokens fed by the prefill (of `seq.req.promptIds.length - seq.cachedTokens`). */
+  prefilled = 0;
+
+  constructor(
+    seq: Sequence,
+    /** KV bytes reserved for prompt + max_tokens. */
+    readonly bytes: number,
+    readonly onPrefill: PrefillProgress | undefined,
+  ) {
+    super(seq);
+  }
 }
 
 export class Scheduler {
   readonly maxBatch: number;
   readonly prefillBatch: number;
   readonly memoryBudgetBytes: number;
+  readonly promptCache: PromptCache | undefined;
+  readonly speculative: SpeculativeDecoder | undefined;
+  readonly stats: SchedulerStats = { prefills: 0, prefilledRequests: 0, largestPrefill: 0, decodeSteps: 0 };
+  readonly #runner: DecodeRunner;
   #pending: Entry[] = [];
   #rows: Entry[] = [];
+  /** The decode rows' caches: batched, or the one row's single-sequence caches when #solo. */
   #caches: Cache[] | null = null;
+  #solo = false;
   #prefill: PrefillGroup | null = null;
   #running: Promise<void> | null = null;
   #closed = false;
   #reserved = 0;
-  readonly promptCache: PromptCache | undefined;
-  readonly speculative: SpeculativeDecoder | undefined;
-  readonly stats: SchedulerStats = { prefills: 0, prefilledRequests: 0, largestPrefill: 0, decodeSteps: 0 };
   #signatures: string[] | undefined;
-  /** The background job running the last decode step, and the rows whose `prev` tokens it reads (in order). */
-  #job: { job: BackgroundJob; rows: Entry[] } | null = null;
 
   constructor(
     readonly engine: Engine,
@@ -94,8 +110,10 @@ export class Scheduler {
     this.prefillBatch = opts.prefillBatch ?? 8;
     if (!Number.isInteger(this.prefillBatch) || this.prefillBatch < 1) throw new RequestError(`prefillBatch must be a positive integer, got ${this.prefillBatch}`);
     this.memoryBudgetBytes = opts.memoryBudgetBytes ?? Math.floor(totalmem() / 2);
+    if (!(this.memoryBudgetBytes > 0)) throw new RequestError(`memoryBudgetBytes must be positive, got ${this.memoryBudgetBytes}`);
     this.promptCache = opts.promptCache;
     this.speculative = opts.speculative;
+    this.#runner = new DecodeRunner(engine, { background: engine.backgroundEval, trackFed: this.promptCache !== undefined });
   }
 
   /** Per-layer signatures of this engine's caches (prompt-cache entries must match them). */
@@ -133,16 +151,16 @@ export class Scheduler {
   }
 
   /** Queue a request; it starts as soon as the batch and the memory budget have room (FIFO). */
-  submit(req: GenerateRequest): GenerationStream {
+  submit(req: GenerateRequest, opts: SubmitOptions = {}): GenerationStream {
     if (this.#closed) throw new RequestError("the scheduler is closed");
     validateRequest(req, this.engine);
     const bytes = this.bytesFor(req.promptIds.length, req.maxTokens);
     if (bytes > this.memoryBudgetBytes) {
       throw new RequestError(`the request needs ${bytes} bytes of KV cache, more than the budget of ${this.memoryBudgetBytes}`);
     }
-    if (this.speculative && this.speculative.draftTokensFor(req) > 0) return this.speculative.generate(req);
+    if (this.speculative && this.speculative.draftTokensFor(req) > 0) return this.speculative.generate(req, opts);
     const seq = new Sequence(req, this.engine.loaded.tokenizer);
-    this.#pending.push({ seq, bytes, next: null, prev: null, fedAhead: [], ended: false });
+    this.#pending.push(new Entry(seq, bytes, opts.onPrefill));
     this.#running ??= this.#loop().finally(() => {
       this.#running = null;
     });
@@ -162,21 +180,21 @@ export class Scheduler {
       // As mlx-lm's BatchGenerator: a decode step, then one prefill chunk of the waiting group.
       while (this.#rows.length || this.#pending.length || this.#prefill) {
         if (this.#rows.length) {
-          if (this.engine.backgroundEval && this.#rows.every((r) => !r.seq.needsHistory)) this.#decodeStepInBackground();
-          else {
-            this.#drainJob();
-            this.#decodeStep();
-          }
+          this.stats.decodeSteps++;
+          this.#runner.step(this.#rows, this.#caches!);
+          this.#retireAfterStep();
+          // As mlx-lm's generate_step: return freed buffers to the system now and then.
+          if (this.stats.decodeSteps % 256 === 0) memory.clearCache();
         }
         this.#admit();
         if (this.#prefill) this.#prefillWork();
         await yieldToEventLoop();
       }
       // The last step's job (its rows all ended): join it, so its error (if any) is this loop's.
-      this.#drainJob();
+      this.#runner.drain();
     } catch (e) {
       // A fault of the batch step: every running and waiting request gets the error.
-      this.#job = null;
+      this.#runner.abandon();
       for (const r of [...this.#rows, ...(this.#prefill?.rows ?? []), ...this.#pending]) this.#end(r, e);
       this.#rows = [];
       this.#pending = [];
@@ -186,7 +204,10 @@ export class Scheduler {
     }
   }
 
-  /** Form a prefill group from waiting requests (FIFO) while the batch and the budget have room; one group at a time. */
+  /**
+   * Form a prefill group from waiting requests (FIFO) while the batch and the budget have room;
+   * one group at a time. A group of one admitted while nothing decodes runs solo (single-sequence caches).
+   */
   #admit(): void {
     if (this.#prefill) return;
     const group: Entry[] = [];
@@ -208,18 +229,24 @@ export class Scheduler {
     this.stats.prefills++;
     this.stats.prefilledRequests += group.length;
     this.stats.largestPrefill = Math.max(this.stats.largestPrefill, group.length);
+    const solo = group.length === 1 && this.#rows.length === 0;
     try {
       const rows = group.map((e) => {
         const prompt = e.seq.req.promptIds;
         const hit = this.promptCache?.lookup(prompt, { signatures: this.#cacheSignatures() }) ?? null;
         e.seq.cachedTokens = hit?.cachedTokens ?? 0;
+        e.onPrefill?.(0, prompt.length - e.seq.cachedTokens);
         return hit ? hit.caches : this.engine.makeCaches();
       });
-      try {
-        // All prompt tokens but the last go through the batched prefill; the last picks the first token.
-        this.#prefill = { rows: group, caches: mergeRows(rows), rest: group.map((e) => e.seq.req.promptIds.slice(e.seq.cachedTokens, -1)) };
-      } finally {
-        for (const r of rows) for (const c of r) c.dispose();
+      // All prompt tokens but the last go through the prefill; the last picks the first token.
+      const rest = group.map((e) => e.seq.req.promptIds.slice(e.seq.cachedTokens, -1));
+      if (solo) this.#prefill = { rows: group, caches: rows[0]!, rest, solo };
+      else {
+        try {
+          this.#prefill = { rows: group, caches: mergeRows(rows), rest, solo };
+        } finally {
+          for (const r of rows) for (const c of r) c.dispose();
+        }
       }
     } catch (err) {
       for (const e of group) this.#end(e, err ?? new RequestError("the batched prefill failed"));
@@ -247,12 +274,13 @@ export class Scheduler {
       if (this.#prefill) this.#splitGroup(g, done, start);
       if (this.#prefill) {
         const step = this.engine.prefillStep;
-        prefillChunk(
-          this.engine,
-          g.caches,
-          g.rest.map((t) => t.slice(0, step)),
-        );
+        const chunks = g.rest.map((t) => t.slice(0, step));
+        prefillChunk(this.engine, g.caches, chunks);
         g.rest = g.rest.map((t) => t.slice(step));
+        g.rows.forEach((r, i) => {
+          r.prefilled += chunks[i]!.length;
+          r.onPrefill?.(r.prefilled, r.seq.req.promptIds.length - r.seq.cachedTokens);
+        });
         this.#splitGroup(g, done, start);
       }
     } catch (err) {
@@ -266,7 +294,7 @@ export class Scheduler {
       if (this.#prefill === g) this.#dropPrefill();
       return;
     }
-    for (const p of ready) this.#startDecoding(p.rows, p.caches);
+    for (const p of ready) this.#startDecoding(p.rows, p.caches, g.solo);
   }
 
   /** Take the rows of `g` that `which` selects out of it, with their caches, and hand them to `take` (which owns them). */
@@ -281,7 +309,7 @@ export class Scheduler {
       return;
     }
     const caches = takeBatchRows(g.caches, out);
-    for (const c of g.caches) (c as BatchKVCache).filter(keep);
+    for (const c of g.caches) asBatchCache("Scheduler (prefill split)", c).filter(keep);
     const rows = out.map((i) => g.rows[i]!);
     g.rows = keep.map((i) => g.rows[i]!);
     g.rest = keep.map((i) => g.rest[i]!);
@@ -289,46 +317,26 @@ export class Scheduler {
   }
 
   /**
-   * Rows whose prompt is prefilled (all but its last token, in `caches`, which this takes): one
-   * forward step over the last prompt tokens picks each row's first token, then the rows that go
-   * on join the decode batch.
+   * Rows whose prompt is prefilled (all but its last token, in `caches`, which this takes): the
+   * runner's first step picks each row's first token, then the rows join the decode batch.
    */
-  #startDecoding(group: Entry[], caches: Cache[]): void {
-    const picks: Pick[] = [];
+  #startDecoding(group: Entry[], caches: Cache[], solo: boolean): void {
     let keep: Entry[] = [];
-    let failure: unknown;
     try {
-      {
-        using ids = MlxArray.fromNumbers(
-          group.map((e) => e.seq.req.promptIds.at(-1)!),
-          [group.length, 1],
-          "int32",
-        );
-        using logits = this.engine.forward(ids, caches);
-        group.forEach((e, i) => {
-          using row = mx.index(logits, mx.sl(i, i + 1), -1, ":");
-          picks.push(e.seq.pick(row));
-        });
-      }
-      evaluate(...picks.flatMap((p) => [p.token, p.logprobs]));
-      group.forEach((e, i) => {
-        if (e.seq.req.signal?.aborted) e.seq.cancel();
-        else e.seq.accept(picks[i]!);
-      });
-      keep = this.#retire(group, caches);
+      this.#runner.start(group, caches);
+      keep = this.#retire(group, caches, solo);
     } catch (err) {
-      failure = err ?? new RequestError("the first decode step failed");
-    } finally {
-      for (const p of picks) disposePick(p);
-    }
-    if (failure !== undefined || !keep.length) {
       for (const c of caches) c.dispose();
-      for (const e of group) this.#end(e, failure);
+      for (const e of group) this.#end(e, err ?? new RequestError("the first decode step failed"));
+      return;
+    }
+    if (!keep.length) {
+      for (const c of caches) c.dispose();
       return;
     }
     // A failure to join would leave the decode batch's caches inconsistent: it faults the batch (#loop).
     this.#rows.push(...keep);
-    this.#join(caches);
+    this.#join(caches, solo);
   }
 
   /**
@@ -336,188 +344,66 @@ export class Scheduler {
    * (filtered, or disposed by the caller when none is left) and their streams end. Returns the
    * rows that go on, in order.
    */
-  #retire(rows: readonly Entry[], caches: Cache[]): Entry[] {
+  #retire(rows: readonly Entry[], caches: Cache[], solo: boolean): Entry[] {
     const keep: number[] = [];
     rows.forEach((r, i) => {
       if (!r.seq.done) keep.push(i);
     });
     if (keep.length === rows.length) return [...rows];
-    if (this.promptCache) this.#remember(rows, caches);
-    if (keep.length) for (const c of caches) (c as BatchKVCache).filter(keep);
+    if (this.promptCache) this.#remember(rows, caches, solo);
+    if (keep.length) for (const c of caches) asBatchCache("Scheduler (retire)", c).filter(keep);
     for (const r of rows) if (r.seq.done) this.#end(r);
     memory.clearCache();
     return keep.map((i) => rows[i]!);
   }
 
-  /** Append a prefilled group's batch caches to the decode batch's (or make them the decode batch's); takes ownership. */
-  #join(caches: Cache[]): void {
+  /** Make `caches` the decode batch's, or append them to it (a solo row's caches become a batch of one first); takes ownership. */
+  #join(caches: Cache[], solo: boolean): void {
     if (!this.#caches) {
       this.#caches = caches;
+      this.#solo = solo;
       return;
     }
+    if (this.#solo) {
+      const batch = mergeRows([this.#caches]);
+      for (const c of this.#caches) c.dispose();
+      this.#caches = batch;
+      this.#solo = false;
+    }
     try {
-      this.#caches.forEach((b, i) => (b as BatchKVCache).extend(caches[i] as BatchKVCache));
+      const incoming = solo ? mergeRows([caches]) : caches;
+      try {
+        this.#caches.forEach((b, i) => asBatchCache("Scheduler (join)", b).extend(asBatchCache("Scheduler (join)", incoming[i]!)));
+      } finally {
+        if (incoming !== caches) for (const c of incoming) c.dispose();
+      }
     } finally {
       for (const c of caches) c.dispose();
     }
   }
 
-  /**
-   * One decode step for every row, pipelined as mlx-lm's GenerationBatch: step t+1 is built
-   * from the rows' unread step-t tokens (still on the device) and scheduled with asyncEval
-   * before step t is read on the host, so reading, detokenizing and streaming overlap the next
-   * evaluation. A row that finishes or is cancelled at step t drops its step-t+1 token. Rows
-   * whose sampling needs the host history (penalties) read their token in the same step.
-   */
-  #decodeStep(): void {
-    const rows = this.#rows;
-    const caches = this.#caches!;
-    this.stats.decodeSteps++;
-    // Every row's unread token is its last (max_tokens): read without building another step.
-    const last = rows.every((r) => r.next && r.seq.generated.length + 1 >= r.seq.req.maxTokens);
-    const picks: Pick[] = [];
-    try {
-      if (!last) {
-        this.#buildStep(rows, caches, picks);
-        asyncEval(...picks.flatMap((p) => [p.token, p.logprobs]));
-      }
-      // Read step t while step t+1 evaluates (the rows own the step-t+1 picks from here).
-      const prevs = rows.map((r, i) => {
-        const prev = r.next;
-        r.next = picks[i] ?? null;
-        return prev;
-      });
-      picks.length = 0;
-      try {
-        rows.forEach((r, i) => {
-          const prev = prevs[i];
-          if (!prev) return;
-          if (r.seq.req.signal?.aborted) r.seq.cancel();
-          else if (!r.seq.done) r.seq.accept(prev);
-        });
-      } finally {
-        for (const p of prevs) if (p) disposePick(p);
-      }
-      for (const r of rows) {
-        if (r.seq.req.signal?.aborted) r.seq.cancel();
-        if (r.seq.done || !r.next || !r.seq.needsHistory) continue;
-        const p = r.next;
-        r.next = null;
-        try {
-          evaluate(p.token, p.logprobs);
-          r.seq.accept(p);
-        } finally {
-          disposePick(p);
-        }
-      }
-    } finally {
-      for (const p of picks) disposePick(p);
-    }
-    this.#retireAfterStep(rows, caches);
-  }
-
-  /**
-   * One decode step with the background evaluator (docs/background-eval.md): build step t+2 from
-   * the rows' unread step-t+1 tokens while the worker encodes step t+1 (job J), then join J, whose
-   * worker read the step-t tokens after scheduling, accept those, and hand step t+2 to the worker
-   * (reading the step-t+1 tokens). Each row thus holds up to two unread picks: `prev` (read by the
-   * running job) and `next` (its output). A row that finishes at t has fed t+1 to the caches.
-   */
-  #decodeStepInBackground(): void {
-    const rows = this.#rows;
-    const caches = this.#caches!;
-    this.stats.decodeSteps++;
-    const unread = (r: Entry) => (r.prev ? 1 : 0) + (r.next ? 1 : 0);
-    const build = rows.some((r) => r.seq.generated.length + unread(r) < r.seq.req.maxTokens);
-    const picks: Pick[] = [];
-    try {
-      if (build) this.#buildStep(rows, caches, picks);
-      this.#drainJob();
-      if (build) {
-        // Rows that ended at step t: what they fed beyond their history (for the prompt cache), read before the next job.
-        for (const r of rows) if (r.seq.done && r.next && this.promptCache && r.seq.finishReason !== "cancelled") r.fedAhead = [r.next.token.item()];
-        const reads = rows.filter((r) => r.next);
-        const job = asyncEvalInBackground(
-          picks.flatMap((p) => [p.token, p.logprobs]),
-          reads.map((r) => r.next!.token),
-        );
-        this.#job = { job, rows: reads };
-        rows.forEach((r, i) => {
-          r.prev = r.next;
-          r.next = picks[i]!;
-        });
-        picks.length = 0;
-      } else {
-        // Every row's unread token is its last: read them here.
-        for (const r of rows) {
-          const p = r.next;
-          r.next = null;
-          if (p) this.#take(r, p);
-        }
-      }
-    } finally {
-      for (const p of picks) disposePick(p);
-    }
-    this.#retireAfterStep(rows, caches);
-  }
-
-  /** Build one decode step for `rows` from their newest tokens (unread `next`, or the last accepted id); picks pushed in row order. */
-  #buildStep(rows: readonly Entry[], caches: Cache[], picks: Pick[]): void {
-    const parts = rows.map((r) => (r.next ? mx.astype(r.next.token, "int32") : MlxArray.fromNumbers([r.seq.generated.at(-1)!], [1], "int32")));
-    try {
-      using flat = mx.concatenate(parts, 0);
-      using ids = mx.reshape(flat, [rows.length, 1]);
-      using logits = this.engine.forward(ids, caches);
-      rows.forEach((r, i) => {
-        using row = mx.index(logits, mx.sl(i, i + 1), -1, ":");
-        picks.push(r.seq.pick(row));
-      });
-    } finally {
-      for (const p of parts) p.dispose();
-    }
-  }
-
-  /** Join the running background job and accept the step-t tokens its worker read. */
-  #drainJob(): void {
-    const j = this.#job;
-    if (!j) return;
-    this.#job = null;
-    const values = j.job.values();
-    j.rows.forEach((r, i) => {
-      const p = r.prev;
-      r.prev = null;
-      if (p) this.#take(r, p, values[i]);
-    });
-  }
-
-  /** Accept a row's pick (its token's value already read, or read now) unless the row is over or cancelled; disposes the pick. */
-  #take(r: Entry, p: Pick, value?: number): void {
-    try {
-      if (r.ended) return;
-      if (r.seq.req.signal?.aborted) r.seq.cancel();
-      else if (!r.seq.done) r.seq.accept(p, value);
-    } finally {
-      disposePick(p);
-    }
-  }
-
   /** After a decode step: the rows that finished leave the batch. */
-  #retireAfterStep(rows: readonly Entry[], caches: Cache[]): void {
-    const keep = this.#retire(rows, caches);
-    if (keep.length === rows.length) return;
+  #retireAfterStep(): void {
+    const keep = this.#retire(this.#rows, this.#caches!, this.#solo);
+    if (keep.length === this.#rows.length) return;
     this.#rows = keep;
     if (keep.length === 0) this.#dropCaches();
   }
 
   /** Put the caches of rows that finished (not cancelled) into the prompt cache. */
-  #remember(rows: readonly Entry[], caches: readonly Cache[]): void {
+  #remember(rows: readonly Entry[], caches: readonly Cache[], solo: boolean): void {
     rows.forEach((r, i) => {
       if (!r.seq.done || r.seq.finishReason === "cancelled") return;
-      const row = caches.map((c) => (c as BatchKVCache).extract(i));
+      // A row holds the prompt and the generated tokens it was fed (one more when a pipelined step
+      // fed it before it finished); insert keeps the ids the caches hold.
+      const ids = [...r.seq.history, ...r.fedAhead];
+      if (solo) {
+        this.promptCache!.insert(ids, caches);
+        return;
+      }
+      const row = caches.map((c) => asBatchCache("Scheduler (prompt cache)", c).extract(i));
       try {
-        // A row holds the prompt and the generated tokens it was fed (the last one too when a pipelined
-        // step fed it before it finished); insert keeps the ids the caches hold.
-        this.promptCache!.insert([...r.seq.history, ...r.fedAhead], row);
+        this.promptCache!.insert(ids, row);
       } finally {
         for (const c of row) c.dispose();
       }
@@ -528,10 +414,7 @@ export class Scheduler {
   #end(e: Entry, failure?: unknown): void {
     if (e.ended) return;
     e.ended = true;
-    if (e.next) disposePick(e.next);
-    if (e.prev) disposePick(e.prev);
-    e.next = null;
-    e.prev = null;
+    e.release();
     this.#reserved = Math.max(0, this.#reserved - e.bytes);
     if (failure !== undefined) e.seq.channel.fail(failure);
     else e.seq.finish();
@@ -546,14 +429,6 @@ export class Scheduler {
   #dropCaches(): void {
     if (this.#caches) for (const c of this.#caches) c.dispose();
     this.#caches = null;
+    this.#solo = false;
   }
-}
-
-function disposePick(p: Pick): void {
-  p.token.dispose();
-  p.logprobs.dispose();
-}
-
-function yieldToEventLoop(): Promise<void> {
-  return new Promise((r) => setImmediate(r));
 }

@@ -2,10 +2,10 @@
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Gemma4Tokenizer, StreamingDetokenizer } from "@mlx-bun/models";
-import { KeyStream, logSoftmax, processLogits, type ResolvedSampling, resolveSampling, sample } from "./sampling.ts";
+import { applyProcessors, KeyStream, logSoftmax, type ResolvedSampling, resolveSampling, sample, samplingProcessors } from "./sampling.ts";
 import { StopMatcher } from "./stop.ts";
 import { EventChannel } from "./stream.ts";
-import type { FinishReason, GenerateRequest, GenerationEvent, SpeculativeStats, TopLogprob } from "./types.ts";
+import type { FinishReason, GenerateRequest, GenerationEvent, LogitsProcessor, SpeculativeStats, TopLogprob } from "./types.ts";
 
 /** A token chosen on the device, not yet read: the pipelined decode reads it one step later. */
 export interface Pick {
@@ -15,6 +15,8 @@ export interface Pick {
 
 export class Sequence implements Disposable {
   readonly sampling: ResolvedSampling;
+  /** The row's logits processors: the sampling settings' (bias, penalties), then the request's. */
+  readonly processors: readonly LogitsProcessor[];
   readonly history: number[];
   readonly generated: number[] = [];
   readonly channel = new EventChannel();
@@ -34,6 +36,7 @@ export class Sequence implements Disposable {
     readonly tokenizer: Gemma4Tokenizer,
   ) {
     this.sampling = resolveSampling(req.sampling, tokenizer.vocabSize);
+    this.processors = [...samplingProcessors(this.sampling), ...(req.logitsProcessors ?? [])];
     this.history = [...req.promptIds];
     this.stopIds = new Set([...tokenizer.eosTokenIds, ...(req.stopTokenIds ?? [])]);
     if (this.sampling.temperature > 0) this.#keys = new KeyStream(this.sampling.seed ?? Math.floor(Math.random() * 2 ** 31));
@@ -41,19 +44,23 @@ export class Sequence implements Disposable {
     this.#stop = new StopMatcher(req.stop ?? []);
   }
 
-  /** Penalties need the host history, so such requests are not pipelined. */
+  /** Processors that read the host history (penalties, grammars) need each token read before the next step: no pipelining. */
   get needsHistory(): boolean {
-    const s = this.sampling;
-    return s.repetitionPenalty !== 1 || s.presencePenalty !== 0 || s.frequencyPenalty !== 0;
+    return this.processors.some((p) => p.readsHistory !== false);
   }
 
   get done(): boolean {
     return this.finishReason !== null;
   }
 
+  /** The row's logits processors over one logits row [1, V], with `history` (default: the accepted ids). */
+  process(row: MlxArray, history: readonly number[] = this.history): MlxArray {
+    return applyProcessors(row, history, this.processors);
+  }
+
   /** Choose the next token from one logits row [1, V] (lazy). */
   pick(row: MlxArray): Pick {
-    using processed = processLogits(row, this.history, this.sampling);
+    using processed = this.process(row);
     const logprobs = logSoftmax(processed);
     using key = this.#keys?.next();
     const token = sample(logprobs, this.sampling, key);

@@ -5,8 +5,10 @@
 import { asyncEval, evaluate, memory, MlxArray, MlxError } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, type CacheState, KVCache, RotatingKVCache } from "@mlx-bun/kv-cache";
-import { type Engine, type PrefillProgress, RequestError, validateRequest } from "./engine.ts";
-import { KeyStream, logSoftmax, processLogits } from "./sampling.ts";
+import { Mutex, yieldToEventLoop } from "./async.ts";
+import type { Engine, PrefillProgress } from "./engine.ts";
+import { RequestError, validateRequest } from "./request.ts";
+import { KeyStream, logSoftmax } from "./sampling.ts";
 import { Sequence } from "./sequence.ts";
 import { firstRejection, rejectionSample, samplingLogProbs } from "./speculative-sampling.ts";
 import type { GenerateRequest, GenerationStream } from "./types.ts";
@@ -22,7 +24,7 @@ export interface SpeculativeOptions {
 /** The target and draft models of speculative decoding; runs one request at a time. */
 export class SpeculativeDecoder {
   readonly numDraftTokens: number;
-  #busy = false;
+  readonly #lock = new Mutex();
 
   constructor(
     readonly target: Engine,
@@ -65,8 +67,7 @@ export class SpeculativeDecoder {
   }
 
   async #run(seq: Sequence, K: number, onPrefill?: PrefillProgress): Promise<void> {
-    while (this.#busy) await Bun.sleep(1);
-    this.#busy = true;
+    using _held = await this.#lock.acquire();
     const tc = this.target.makeCaches();
     const dc = this.draft.makeCaches();
     const s = seq.sampling;
@@ -94,7 +95,6 @@ export class SpeculativeDecoder {
     } catch (e) {
       failure = e;
     } finally {
-      this.#busy = false;
       for (const c of [...tc, ...dc]) c.dispose();
       keys?.dispose();
       if (failure !== undefined) seq.channel.fail(failure);
@@ -133,7 +133,7 @@ export class SpeculativeDecoder {
       for (let i = 0; i < k; i++) {
         using logits = this.draft.forward(feed, dc);
         using row = mx.index(logits, ":", -1, ":");
-        using processed = processLogits(row, hist, s);
+        using processed = seq.process(row, hist);
         using lp = logSoftmax(processed);
         let d: MlxArray;
         if (greedy) d = mx.argmax(lp, -1);
@@ -163,7 +163,7 @@ export class SpeculativeDecoder {
         using row = mx.index(logits, ":", j, ":");
         using row2 = mx.reshape(row, [1, row.shape[row.ndim - 1]!]);
         const h = seq.needsHistory ? [...seq.history, ...draftedHost.slice(0, j)] : seq.history;
-        using processed = processLogits(row2, h, s);
+        using processed = seq.process(row2, h);
         const lp = logSoftmax(processed);
         tRows.push(lp);
         if (!greedy) pRows.push(samplingLogProbs(lp, s));
@@ -254,8 +254,4 @@ function trimAll(caches: Cache[], n: number, which: string): void {
 function checkDraftTokens(n: number, name: string): number {
   if (!Number.isInteger(n) || n < 0 || n > 64) throw new RequestError(`${name} must be an integer in 0..64, got ${JSON.stringify(n)}`);
   return n;
-}
-
-function yieldToEventLoop(): Promise<void> {
-  return new Promise((r) => setImmediate(r));
 }

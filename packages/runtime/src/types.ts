@@ -1,4 +1,5 @@
 // The request/response shapes shared by the generator, the scheduler and the app.
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
 
 /** Sampling settings of one request (OpenAI / mlx_lm.server names in the comments). */
 export interface SamplingParams {
@@ -24,6 +25,23 @@ export interface SamplingParams {
   seed?: number;
 }
 
+/**
+ * A per-row logits processor (mlx-lm's logits_processors): runs after the sampling settings' own
+ * (logit bias, penalties) and before sampling, for every step of the row, alone or batched.
+ */
+export interface LogitsProcessor {
+  /**
+   * Logits [1, V] of the row's next token → processed logits [1, V] (a new array, owned by the
+   * caller; `logits` is borrowed). `history` is the prompt and the generated ids so far.
+   */
+  process(history: readonly number[], logits: MlxArray): MlxArray;
+  /**
+   * Whether `process` reads `history` (default true): such a row reads each token before its next
+   * step is built, so it is not pipelined.
+   */
+  readonly readsHistory?: boolean;
+}
+
 /** One generation request. */
 export interface GenerateRequest {
   /** Prompt token ids (already templated). */
@@ -37,6 +55,8 @@ export interface GenerateRequest {
   stopTokenIds?: number[];
   /** Return log-probabilities with this many top alternatives (0 = the chosen token only; undefined = none). */
   logprobs?: number;
+  /** Extra logits processors of this request, in order (after logit bias and penalties). */
+  logitsProcessors?: LogitsProcessor[];
   /** Abort: the request stops at the next step and frees its cache row. */
   signal?: AbortSignal;
   /**

@@ -17,9 +17,17 @@ export function tinyModels(variants: Record<string, string[]>): { path(name: str
   return { path: (n) => join(root, n), cleanup: () => rmSync(root, { recursive: true, force: true }) };
 }
 
-export function mlxLmGenerate(dir: string, ids: number[], maxTokens: number, prefillStep = 2048): { tokens: number[]; logprobs: number[] } {
+/** mlx-lm's generate_step; `processors`: its logits processors that ban fixed ids and/or every id generated so far. */
+export function mlxLmGenerate(
+  dir: string,
+  ids: number[],
+  maxTokens: number,
+  prefillStep = 2048,
+  processors: { ban?: number[]; noRepeat?: boolean } = {},
+): { tokens: number[]; logprobs: number[] } {
+  const extra = [...(processors.ban?.length ? ["--ban", processors.ban.join(",")] : []), ...(processors.noRepeat ? ["--no-repeat"] : [])];
   return JSON.parse(
-    runPython([join(ROOT, "tools", "oracle", "generate_oracle.py"), dir, "--ids", ids.join(","), "--max-tokens", String(maxTokens), "--prefill-step", String(prefillStep)]),
+    runPython([join(ROOT, "tools", "oracle", "generate_oracle.py"), dir, "--ids", ids.join(","), "--max-tokens", String(maxTokens), "--prefill-step", String(prefillStep), ...extra]),
   ) as { tokens: number[]; logprobs: number[] };
 }
 

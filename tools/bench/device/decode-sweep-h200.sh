@@ -3,6 +3,8 @@
 # settings (run as THEN= of run-h200.sh, which has unpacked everything and written the 1B model):
 #   NO_COMPARE=1 THEN='bash tools/bench/device/decode-sweep-h200.sh' OUT=$OUT bash tools/bench/device/run-h200.sh
 # OPS="20 60" picks the MLX_MAX_OPS_PER_BUFFER values compared (MLX's default is 20).
+# The JSON of each run is kept as docs/bench-results/h200-decode-sweep/ops<N>-run<R>.json (R: the next
+# run index there; docs/benchmarks.md has the table).
 set -uo pipefail
 model=.native/bench-models/gemma4-1b-4bit
 PY="${PY:-/opt/torch/.venv/bin/python3}"

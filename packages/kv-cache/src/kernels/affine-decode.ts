@@ -4,7 +4,7 @@
 // On a CPU (or where no GPU backend is live) the view keeps the unfused mlx-lm path.
 import { type MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import type { QuantTriple } from "../affine.ts";
+import type { QuantTriple } from "../quant-triple.ts";
 import type { Mask } from "../types.ts";
 import { combinePartials } from "./decode-combine.ts";
 import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";

@@ -5,7 +5,7 @@
 // tracer inputs to the JS callback as fresh handles and collects the outputs it pushes. MLX
 // never keeps or calls the function afterwards except from a later compiled call, which is
 // again on the calling thread. See docs/compile.md.
-#include "ops_b_internal.h"
+#include "ops_internal.h"
 
 using namespace mlxb;
 

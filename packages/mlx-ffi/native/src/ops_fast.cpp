@@ -1,5 +1,5 @@
 // mx.fast: rms_norm, layer_norm, rope, scaled_dot_product_attention.
-#include "ops_b_internal.h"
+#include "ops_internal.h"
 
 using namespace mlxb;
 

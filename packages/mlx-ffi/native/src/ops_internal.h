@@ -1,8 +1,22 @@
-// Macros for the op entry points: each one a thin, exception-guarded call into mlx::core.
+// Helpers and macros for the op entry points: each one a thin, exception-guarded call into
+// mlx::core.
 #pragma once
+#include <optional>
+#include <vector>
+
 #include "internal.h"
 
 namespace mlxb {
+// A nullable array handle as std::optional.
+inline std::optional<mx::array> opt_arr(mlxb_array h) {
+  if (!h) return std::nullopt;
+  return arr(h);
+}
+// Negative means "use the op's default" (std::nullopt).
+inline std::optional<int> opt_int(int v) {
+  if (v < 0) return std::nullopt;
+  return v;
+}
 // Axes from (pointer, count); count < 0 means "all axes" and yields nullopt.
 inline std::optional<std::vector<int>> axes_from(const int32_t* axes, int n) {
   if (n < 0) return std::nullopt;

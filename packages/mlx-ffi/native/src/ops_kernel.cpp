@@ -3,7 +3,7 @@
 // (packages/mlx-ops/src/kernels/kernel.ts) from mlxb_gpu_backend() and the stream's device.
 #include <sstream>
 
-#include "ops_b_internal.h"
+#include "ops_internal.h"
 
 using namespace mlxb;
 

@@ -1,5 +1,5 @@
 // Array lists: the return value of ops with a variable number of outputs (no out-parameters).
-#include "ops_b_internal.h"
+#include "ops_internal.h"
 
 using namespace mlxb;
 

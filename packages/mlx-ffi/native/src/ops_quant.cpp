@@ -1,8 +1,20 @@
 // Quantization: quantize / dequantize, quantized matmul, gather_qmm and gather_mm (MoE).
 // Group size or bits < 0 means the mode's default; modes are int codes (see quant_mode()).
-#include "ops_b_internal.h"
+#include "ops_internal.h"
 
 using namespace mlxb;
+namespace {
+// Quantization modes by code: the TS side passes an int on the hot path, not a string.
+std::string quant_mode(int code) {
+  switch (code) {
+    case 0: return "affine";
+    case 1: return "mxfp4";
+    case 2: return "mxfp8";
+    case 3: return "nvfp4";
+  }
+  throw std::invalid_argument("unknown quantization mode code " + std::to_string(code));
+}
+}  // namespace
 
 // Returns a list: [wq, scales] or [wq, scales, biases] (affine).
 MLXB_API void* mlxb_quantize(mlxb_array w, int group_size, int bits, int mode, mlxb_array global_scale, mlxb_stream s) {

@@ -1,7 +1,7 @@
 // TurboQuant primitives: orthonormal randomized Walsh-Hadamard transform, Lloyd-Max codebook
 // lookup, and bit-packing of 1-8-bit indices into uint8. Each entry point is one fused
 // composition of plain MLX ops (it runs on every backend and stays lazy).
-#include "ops_b_internal.h"
+#include "ops_internal.h"
 
 using namespace mlxb;
 

@@ -1,5 +1,6 @@
-// Test inputs for the part-B suites: deterministic pseudo-random data made in JS (so the same
-// bytes go to our ops and to the Python oracle) and small assertion helpers.
+// Seeded test inputs for the quantized, fast, compile, kernel and TurboQuant suites: deterministic
+// pseudo-random data made in JS (so the same bytes go to our ops and to the Python oracle) and
+// small assertion helpers.
 import { type Dtype, MlxArray, memory } from "@mlx-bun/mlx-ffi";
 import { expect } from "vitest";
 import { closeDiff, exactDiff } from "../../../tools/oracle/compare.ts";

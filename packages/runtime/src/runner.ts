@@ -1,0 +1,246 @@
+// The decode pipeline, for one row or many (docs/runtime.md, "Decode pipeline"): build step t+1
+// from the rows' unread step-t tokens, hand it to the evaluator, read step t, accept or finish
+// rows. Plain mode evaluates with asyncEval on this thread; background mode hands each step to
+// MLX's encoding on a native worker (docs/background-eval.md). The scheduler decides which rows
+// run a step; this file owns the forward pass, the pipelining and the reads.
+import { asyncEval, asyncEvalInBackground, type BackgroundJob, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import type { Cache } from "@mlx-bun/kv-cache";
+import type { Pick, Sequence } from "./sequence.ts";
+
+/** The forward step a runner drives (an Engine). */
+export interface StepForward {
+  forward(ids: MlxArray, caches: Cache[]): MlxArray;
+}
+
+/** A request in the decode pipeline: its sequence and the picks chosen on the device but not read yet. */
+export class Row {
+  /** The token chosen at the last step, not read yet; null once read. */
+  next: Pick | null = null;
+  /** Background mode: the pick before `next`, which the running job reads; null once read. */
+  prev: Pick | null = null;
+  /** Tokens fed to the caches beyond the accepted history (background mode builds two steps ahead). */
+  fedAhead: number[] = [];
+
+  constructor(readonly seq: Sequence) {}
+
+  /** Drop the unread picks (the row ended). */
+  release(): void {
+    for (const p of [this.next, this.prev]) if (p) disposePick(p);
+    this.next = null;
+    this.prev = null;
+  }
+}
+
+export function disposePick(p: Pick): void {
+  p.token.dispose();
+  p.logprobs.dispose();
+}
+
+export interface RunnerOptions {
+  /** Background evaluation (rows whose sampling reads the host history run plain steps). */
+  background: boolean;
+  /** Record the ids of tokens fed but not accepted when a row ends (the prompt cache keys its entry by what the caches hold). */
+  trackFed?: boolean;
+}
+
+export class DecodeRunner {
+  readonly background: boolean;
+  readonly trackFed: boolean;
+  /** Decode steps run. */
+  steps = 0;
+  /** The background job of the last step, and the rows whose `prev` tokens it reads (in order). */
+  #job: { job: BackgroundJob; rows: Row[] } | null = null;
+
+  constructor(
+    readonly model: StepForward,
+    opts: RunnerOptions,
+  ) {
+    this.background = opts.background;
+    this.trackFed = opts.trackFed ?? false;
+  }
+
+  /**
+   * The first step of rows whose prompts are in `caches` but for the last token: forward those
+   * tokens and choose each row's first token, left unread in `row.next` (the next step reads it)
+   * except for rows whose sampling needs the host history, which read it now.
+   */
+  start(rows: readonly Row[], caches: Cache[]): void {
+    const picks: Pick[] = [];
+    try {
+      using ids = MlxArray.fromNumbers(
+        rows.map((r) => r.seq.req.promptIds.at(-1)!),
+        [rows.length, 1],
+        "int32",
+      );
+      this.#forward(rows, ids, caches, picks);
+      rows.forEach((r, i) => (r.next = picks[i]!));
+      picks.length = 0;
+    } finally {
+      for (const p of picks) disposePick(p);
+    }
+    const arrays = rows.flatMap((r) => [r.next!.token, r.next!.logprobs]);
+    if (!this.#backgroundFor(rows)) asyncEval(...arrays);
+    // With a job running, the first picks stay lazy: the next step's job evaluates them.
+    else if (!this.#job) this.#job = { job: asyncEvalInBackground(arrays), rows: [] };
+    this.#readHistoryRows(rows);
+  }
+
+  /** One decode step for every row of `caches`, in row order. Rows that end stay in `rows` (the caller retires them). */
+  step(rows: readonly Row[], caches: Cache[]): void {
+    this.steps++;
+    if (this.#backgroundFor(rows)) this.#stepInBackground(rows, caches);
+    else {
+      this.drain();
+      this.#stepPlain(rows, caches);
+    }
+  }
+
+  /** Join the running background job and accept the tokens its worker read. */
+  drain(): void {
+    const j = this.#job;
+    if (!j) return;
+    this.#job = null;
+    const values = j.job.values();
+    j.rows.forEach((r, i) => {
+      const p = r.prev;
+      r.prev = null;
+      if (p) take(r, p, values[i]);
+    });
+  }
+
+  /** Forget the running job (after a fault: its rows were failed). */
+  abandon(): void {
+    this.#job = null;
+  }
+
+  #backgroundFor(rows: readonly Row[]): boolean {
+    return this.background && rows.every((r) => !r.seq.needsHistory);
+  }
+
+  /**
+   * Plain pipelining, as mlx-lm's generate_step and GenerationBatch: step t+1 is built from the
+   * rows' unread step-t tokens (still on the device) and scheduled with asyncEval before step t
+   * is read on the host. A row that finishes or is cancelled at step t drops its step-t+1 token.
+   */
+  #stepPlain(rows: readonly Row[], caches: Cache[]): void {
+    // Every row's unread token is its last (max_tokens): read without building another step.
+    const last = rows.every((r) => r.next && r.seq.generated.length + 1 >= r.seq.req.maxTokens);
+    const picks: Pick[] = [];
+    try {
+      if (!last) {
+        this.#build(rows, caches, picks);
+        asyncEval(...picks.flatMap((p) => [p.token, p.logprobs]));
+      }
+      // Read step t while step t+1 evaluates (the rows own the step-t+1 picks from here).
+      const prevs = rows.map((r, i) => {
+        const prev = r.next;
+        r.next = picks[i] ?? null;
+        return prev;
+      });
+      picks.length = 0;
+      rows.forEach((r, i) => {
+        const p = prevs[i];
+        if (p) take(r, p);
+      });
+      this.#readHistoryRows(rows);
+    } finally {
+      for (const p of picks) disposePick(p);
+    }
+  }
+
+  /**
+   * Background pipelining: build step t+2 from the rows' unread step-t+1 tokens while the worker
+   * encodes step t+1 (job J), then join J, whose worker read the step-t tokens after scheduling,
+   * accept those, and hand step t+2 to the worker (reading the step-t+1 tokens). Each row thus
+   * holds up to two unread picks: `prev` (read by the running job) and `next` (its output).
+   */
+  #stepInBackground(rows: readonly Row[], caches: Cache[]): void {
+    const unread = (r: Row) => (r.prev ? 1 : 0) + (r.next ? 1 : 0);
+    const build = rows.some((r) => r.seq.generated.length + unread(r) < r.seq.req.maxTokens);
+    const picks: Pick[] = [];
+    try {
+      if (build) this.#build(rows, caches, picks);
+      this.drain();
+      if (build) {
+        // Rows that ended at step t fed their step-t+1 token too: read it before the next job.
+        if (this.trackFed) for (const r of rows) if (r.seq.done && r.next && r.seq.finishReason !== "cancelled") r.fedAhead = [r.next.token.item()];
+        const reads = rows.filter((r) => r.next);
+        const job = asyncEvalInBackground(
+          picks.flatMap((p) => [p.token, p.logprobs]),
+          reads.map((r) => r.next!.token),
+        );
+        this.#job = { job, rows: reads };
+        rows.forEach((r, i) => {
+          r.prev = r.next;
+          r.next = picks[i]!;
+        });
+        picks.length = 0;
+      } else {
+        // Every row's unread token is its last: read them here.
+        for (const r of rows) {
+          const p = r.next;
+          r.next = null;
+          if (p) take(r, p);
+        }
+      }
+    } finally {
+      for (const p of picks) disposePick(p);
+    }
+  }
+
+  /** Rows whose sampling reads the host history read their unread token now (their next step needs it). */
+  #readHistoryRows(rows: readonly Row[]): void {
+    for (const r of rows) {
+      if (r.seq.req.signal?.aborted) r.seq.cancel();
+      if (r.seq.done || !r.next || !r.seq.needsHistory) continue;
+      const p = r.next;
+      r.next = null;
+      evaluate(p.token, p.logprobs);
+      take(r, p);
+    }
+  }
+
+  /** Build one decode step for `rows` from their newest tokens (unread `next`, else the last accepted id); picks pushed in row order. */
+  #build(rows: readonly Row[], caches: Cache[], picks: Pick[]): void {
+    if (rows.length === 1) {
+      // One row feeds its device token as mlx-lm's `y[None]` (the sampler's uint32 ids, no cast).
+      const r = rows[0]!;
+      using ids = r.next ? mx.expand_dims(r.next.token, 0) : MlxArray.fromNumbers([r.seq.generated.at(-1)!], [1, 1], "int32");
+      this.#forward(rows, ids, caches, picks);
+      return;
+    }
+    const parts = rows.map((r) => (r.next ? mx.astype(r.next.token, "int32") : MlxArray.fromNumbers([r.seq.generated.at(-1)!], [1], "int32")));
+    try {
+      using flat = mx.concatenate(parts, 0);
+      using ids = mx.reshape(flat, [rows.length, 1]);
+      this.#forward(rows, ids, caches, picks);
+    } finally {
+      for (const p of parts) p.dispose();
+    }
+  }
+
+  /** Forward ids [B, L] and let each row pick from its last position. */
+  #forward(rows: readonly Row[], ids: MlxArray, caches: Cache[], picks: Pick[]): void {
+    using logits = this.model.forward(ids, caches);
+    if (rows.length === 1) {
+      using row = mx.index(logits, ":", -1, ":");
+      picks.push(rows[0]!.seq.pick(row));
+      return;
+    }
+    rows.forEach((r, i) => {
+      using row = mx.index(logits, mx.sl(i, i + 1), -1, ":");
+      picks.push(r.seq.pick(row));
+    });
+  }
+}
+
+/** Accept a row's pick (its token's value already read, or read now) unless the row is over or cancelled; disposes the pick. */
+function take(r: Row, p: Pick, value?: number): void {
+  try {
+    if (r.seq.req.signal?.aborted) r.seq.cancel();
+    else if (!r.seq.done) r.seq.accept(p, value);
+  } finally {
+    disposePick(p);
+  }
+}
