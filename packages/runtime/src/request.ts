@@ -24,6 +24,12 @@ export function validateRequest(req: GenerateRequest, engine: RequestLimits): vo
   if (req.promptIds.length + req.maxTokens > engine.maxContext && !engine.maxKvSize) {
     throw new RequestError(`prompt (${req.promptIds.length} tokens) plus max_tokens (${req.maxTokens}) exceeds the model's context of ${engine.maxContext} tokens`);
   }
+  if (req.cacheCheckpoints !== undefined && (!Array.isArray(req.cacheCheckpoints) || req.cacheCheckpoints.some((c) => !Number.isInteger(c) || c < 0))) {
+    throw new RequestError(`cacheCheckpoints must be non-negative integers (prompt lengths), got ${JSON.stringify(req.cacheCheckpoints)}`);
+  }
+  if (req.logitsProcessors !== undefined && (!Array.isArray(req.logitsProcessors) || req.logitsProcessors.some((p) => typeof p?.process !== "function"))) {
+    throw new RequestError("logitsProcessors must be an array of objects with a process(history, logits) method");
+  }
   if (req.logprobs !== undefined && (!Number.isInteger(req.logprobs) || req.logprobs < 0 || req.logprobs > 20)) {
     throw new RequestError(`top_logprobs must be an integer in 0..20, got ${req.logprobs}`);
   }

@@ -62,8 +62,7 @@ export class DecodeRunner {
 
   /**
    * The first step of rows whose prompts are in `caches` but for the last token: forward those
-   * tokens and choose each row's first token, left unread in `row.next` (the next step reads it)
-   * except for rows whose sampling needs the host history, which read it now.
+   * tokens and choose each row's first token, left unread in `row.next` (the next step reads it).
    */
   start(rows: readonly Row[], caches: Cache[]): void {
     const picks: Pick[] = [];
@@ -73,7 +72,7 @@ export class DecodeRunner {
         [rows.length, 1],
         "int32",
       );
-      this.#forward(rows, ids, caches, picks);
+      this.#forward(rows, ids, caches, picks, null);
       rows.forEach((r, i) => (r.next = picks[i]!));
       picks.length = 0;
     } finally {
@@ -83,7 +82,6 @@ export class DecodeRunner {
     if (!this.#backgroundFor(rows)) asyncEval(...arrays);
     // With a job running, the first picks stay lazy: the next step's job evaluates them.
     else if (!this.#job) this.#job = { job: asyncEvalInBackground(arrays), rows: [] };
-    this.#readHistoryRows(rows);
   }
 
   /** One decode step for every row of `caches`, in row order. Rows that end stay in `rows` (the caller retires them). */
@@ -122,15 +120,18 @@ export class DecodeRunner {
    * Plain pipelining, as mlx-lm's generate_step and GenerationBatch: step t+1 is built from the
    * rows' unread step-t tokens (still on the device) and scheduled with asyncEval before step t
    * is read on the host. A row that finishes or is cancelled at step t drops its step-t+1 token.
+   * Rows whose processors read the history (penalties, grammars) keep step t+1's forward pass in
+   * the pipeline and sample once token t is read (as vLLM applies grammar bitmasks).
    */
   #stepPlain(rows: readonly Row[], caches: Cache[]): void {
     // Every row's unread token is its last (max_tokens): read without building another step.
     const last = rows.every((r) => r.next && r.seq.generated.length + 1 >= r.seq.req.maxTokens);
-    const picks: Pick[] = [];
+    const picks: (Pick | null)[] = [];
+    const deferred: (MlxArray | null)[] = [];
     try {
       if (!last) {
-        this.#build(rows, caches, picks);
-        asyncEval(...picks.flatMap((p) => [p.token, p.logprobs]));
+        this.#build(rows, caches, picks, deferred);
+        asyncEval(...picks.flatMap((p) => (p ? [p.token, p.logprobs] : [])), ...deferred.filter((l) => l !== null));
       }
       // Read step t while step t+1 evaluates (the rows own the step-t+1 picks from here).
       const prevs = rows.map((r, i) => {
@@ -143,9 +144,16 @@ export class DecodeRunner {
         const p = prevs[i];
         if (p) take(r, p);
       });
-      this.#readHistoryRows(rows);
+      // Token t is in the history now: the deferred rows choose token t+1.
+      rows.forEach((r, i) => {
+        const logits = deferred[i];
+        if (!logits || r.seq.done) return;
+        r.next = r.seq.pick(logits);
+        asyncEval(r.next.token, r.next.logprobs);
+      });
     } finally {
-      for (const p of picks) disposePick(p);
+      for (const p of picks) if (p) disposePick(p);
+      for (const l of deferred) l?.dispose();
     }
   }
 
@@ -158,7 +166,7 @@ export class DecodeRunner {
   #stepInBackground(rows: readonly Row[], caches: Cache[]): void {
     const unread = (r: Row) => (r.prev ? 1 : 0) + (r.next ? 1 : 0);
     const build = rows.some((r) => r.seq.generated.length + unread(r) < r.seq.req.maxTokens);
-    const picks: Pick[] = [];
+    const picks: (Pick | null)[] = [];
     try {
       if (build) this.#build(rows, caches, picks);
       this.drain();
@@ -167,7 +175,7 @@ export class DecodeRunner {
         if (this.trackFed) for (const r of rows) if (r.seq.done && r.next && r.seq.finishReason !== "cancelled") r.fedAhead = [r.next.token.item()];
         const reads = rows.filter((r) => r.next);
         const job = asyncEvalInBackground(
-          picks.flatMap((p) => [p.token, p.logprobs]),
+          picks.flatMap((p) => [p!.token, p!.logprobs]),
           reads.map((r) => r.next!.token),
         );
         this.#job = { job, rows: reads };
@@ -185,52 +193,49 @@ export class DecodeRunner {
         }
       }
     } finally {
-      for (const p of picks) disposePick(p);
+      for (const p of picks) if (p) disposePick(p);
     }
   }
 
-  /** Rows whose sampling reads the host history read their unread token now (their next step needs it). */
-  #readHistoryRows(rows: readonly Row[]): void {
-    for (const r of rows) {
-      if (r.seq.req.signal?.aborted) r.seq.cancel();
-      if (r.seq.done || !r.next || !r.seq.needsHistory) continue;
-      const p = r.next;
-      r.next = null;
-      evaluate(p.token, p.logprobs);
-      take(r, p);
-    }
-  }
-
-  /** Build one decode step for `rows` from their newest tokens (unread `next`, else the last accepted id); picks pushed in row order. */
-  #build(rows: readonly Row[], caches: Cache[], picks: Pick[]): void {
+  /**
+   * Build one decode step for `rows` from their newest tokens (unread `next`, else the last
+   * accepted id). Picks go to `picks` in row order; with `deferred`, rows whose processors read
+   * the history leave a null pick and their logits row [1, V] there instead.
+   */
+  #build(rows: readonly Row[], caches: Cache[], picks: (Pick | null)[], deferred: (MlxArray | null)[] | null = null): void {
     if (rows.length === 1) {
       // One row feeds its device token as mlx-lm's `y[None]` (the sampler's uint32 ids, no cast).
       const r = rows[0]!;
       using ids = r.next ? mx.expand_dims(r.next.token, 0) : MlxArray.fromNumbers([r.seq.generated.at(-1)!], [1, 1], "int32");
-      this.#forward(rows, ids, caches, picks);
+      this.#forward(rows, ids, caches, picks, deferred);
       return;
     }
     const parts = rows.map((r) => (r.next ? mx.astype(r.next.token, "int32") : MlxArray.fromNumbers([r.seq.generated.at(-1)!], [1], "int32")));
     try {
       using flat = mx.concatenate(parts, 0);
       using ids = mx.reshape(flat, [rows.length, 1]);
-      this.#forward(rows, ids, caches, picks);
+      this.#forward(rows, ids, caches, picks, deferred);
     } finally {
       for (const p of parts) p.dispose();
     }
   }
 
-  /** Forward ids [B, L] and let each row pick from its last position. */
-  #forward(rows: readonly Row[], ids: MlxArray, caches: Cache[], picks: Pick[]): void {
+  /** Forward ids [B, L]; each row picks from its last position (or defers: see #build). */
+  #forward(rows: readonly Row[], ids: MlxArray, caches: Cache[], picks: (Pick | null)[], deferred: (MlxArray | null)[] | null): void {
     using logits = this.model.forward(ids, caches);
-    if (rows.length === 1) {
-      using row = mx.index(logits, ":", -1, ":");
-      picks.push(rows[0]!.seq.pick(row));
-      return;
-    }
     rows.forEach((r, i) => {
-      using row = mx.index(logits, mx.sl(i, i + 1), -1, ":");
-      picks.push(r.seq.pick(row));
+      const row = rows.length === 1 ? mx.index(logits, ":", -1, ":") : mx.index(logits, mx.sl(i, i + 1), -1, ":");
+      if (deferred && r.seq.needsHistory) {
+        picks.push(null);
+        deferred.push(row);
+        return;
+      }
+      deferred?.push(null);
+      try {
+        picks.push(r.seq.pick(row));
+      } finally {
+        row.dispose();
+      }
     });
   }
 }

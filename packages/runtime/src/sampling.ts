@@ -1,5 +1,5 @@
 // Logits processors and samplers, as mlx-lm's sample_utils.py: logit bias, repetition /
-// presence / frequency penalties over a context window, then top-p, min-p, top-k on the
+// presence / frequency penalties over a context window, then top-p, min-p, XTC, top-k on the
 // log-probabilities, then categorical sampling at the temperature (greedy when 0).
 import { MlxArray, MlxError } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
@@ -16,11 +16,18 @@ export interface ResolvedSampling {
   frequencyPenalty: number;
   penaltyContext: number;
   logitBias: [number, number][];
+  /** XTC: probability per token (0 = off), threshold, and the ids it never removes. */
+  xtcProbability: number;
+  xtcThreshold: number;
+  xtcSpecialTokens: number[];
   seed: number | undefined;
 }
 
-/** Apply defaults and validate; errors name the field. */
-export function resolveSampling(p: SamplingParams = {}, vocabSize: number): ResolvedSampling {
+/**
+ * Apply defaults and validate; errors name the field. `xtcSpecialTokens`: the ids XTC never
+ * removes (see xtcSpecialTokens(); ids outside the vocabulary are dropped).
+ */
+export function resolveSampling(p: SamplingParams = {}, vocabSize: number, xtcSpecialTokens: readonly number[] = []): ResolvedSampling {
   const num = (name: string, v: number | undefined, def: number, ok: (x: number) => boolean, rule: string): number => {
     if (v === undefined) return def;
     if (typeof v !== "number" || !Number.isFinite(v) || !ok(v)) throw new MlxError(`${name} must be ${rule}, got ${JSON.stringify(v)}`);
@@ -45,8 +52,20 @@ export function resolveSampling(p: SamplingParams = {}, vocabSize: number): Reso
     frequencyPenalty: num("frequency_penalty", p.frequencyPenalty, 0, () => true, "a number"),
     penaltyContext: num("repetition_context_size", p.penaltyContext, 20, (x) => Number.isInteger(x) && x > 0, "a positive integer"),
     logitBias,
+    // Ranges of mlx-lm's apply_xtc (mlx_lm.server lets a threshold up to 1 through, then apply_xtc raises).
+    xtcProbability: num("xtc_probability", p.xtcProbability, 0, (x) => x >= 0 && x <= 1, "in [0, 1]"),
+    xtcThreshold: num("xtc_threshold", p.xtcThreshold, 0.1, (x) => x >= 0 && x <= 0.5, "in [0, 0.5]"),
+    xtcSpecialTokens: [...new Set(xtcSpecialTokens)].filter((t) => Number.isInteger(t) && t >= 0 && t < vocabSize),
     seed,
   };
+}
+
+/**
+ * The ids XTC never removes, as mlx_lm.generate and mlx_lm.server pass them:
+ * `tokenizer.encode("\n")` (with the tokenizer's special tokens, e.g. BOS) and the eos ids.
+ */
+export function xtcSpecialTokens(tokenizer: { encode(text: string): number[]; eosTokenIds: Iterable<number> }): number[] {
+  return [...tokenizer.encode("\n"), ...tokenizer.eosTokenIds];
 }
 
 /** logits[:, ids] = fn(logits[:, ids]) for distinct ids, on a [1, V] row. */
@@ -174,22 +193,32 @@ function applyTopK(lp: MlxArray, topK: number): MlxArray {
 }
 
 /**
- * The sampled token ids [B] from log-probabilities [B, V]: argmax at temperature 0, else the
- * filters of mlx-lm's make_sampler (top-p, min-p, top-k) and categorical(logprobs / T) with `key`.
+ * XTC (mlx-lm's apply_xtc) on log-probabilities [B, V]: the tokens above `xtcThreshold` except
+ * the least likely of them go to -inf, the special tokens never; `coin` [] uniform in [0, 1)
+ * decides (coin > xtcProbability: unchanged); without a coin the removal always happens.
  */
-export function sample(lp: MlxArray, s: ResolvedSampling, key: MlxArray | undefined): MlxArray {
-  if (s.temperature === 0) return mx.argmax(lp, -1);
-  using scaled = temperedLogits(lp, s);
-  return mx.random.categorical(scaled, key ? { key } : {});
+function applyXtc(lp: MlxArray, s: ResolvedSampling, coin: MlxArray | undefined): MlxArray {
+  using probs = mx.softmax(lp, -1);
+  using above = mx.greater(probs, s.xtcThreshold);
+  using candidates = mx.where(above, probs, Number.POSITIVE_INFINITY);
+  using least = mx.min(candidates, -1, { keepdims: true });
+  let mask = mx.greater(probs, least);
+  if (s.xtcSpecialTokens.length) {
+    const rows = lp.ndim > 1 ? lp.shape.slice(0, -1) : [];
+    using ids = MlxArray.fromNumbers(s.xtcSpecialTokens, [...rows.map(() => 1), s.xtcSpecialTokens.length], "int32");
+    using idx = rows.some((r) => r !== 1) ? mx.broadcast_to(ids, [...rows, s.xtcSpecialTokens.length]) : ids.retain();
+    using keepAll = mask;
+    mask = mx.put_along_axis(keepAll, idx, false, -1);
+  }
+  using m = mask;
+  if (!coin) return mx.where(m, Number.NEGATIVE_INFINITY, lp);
+  using removed = mx.where(m, Number.NEGATIVE_INFINITY, lp);
+  using skip = mx.greater(coin, s.xtcProbability);
+  return mx.where(skip, lp, removed);
 }
 
-/**
- * The logits `sample` draws from at temperature > 0: top-p, min-p, top-k on the
- * log-probabilities, then / T (unnormalized). Speculative decoding normalizes these to the
- * exact distributions it compares.
- */
-export function temperedLogits(lp: MlxArray, s: ResolvedSampling): MlxArray {
-  if (s.temperature === 0) throw new MlxError("temperedLogits: temperature 0 is greedy (argmax), not a distribution");
+/** top-p, min-p, XTC (with `coin`, or always when "always"; skipped when undefined), top-k: mlx-lm's make_sampler chain. */
+function filtered(lp: MlxArray, s: ResolvedSampling, xtc: MlxArray | "always" | undefined): MlxArray {
   let x = lp.retain();
   const step = (next: MlxArray): void => {
     x.dispose();
@@ -197,12 +226,71 @@ export function temperedLogits(lp: MlxArray, s: ResolvedSampling): MlxArray {
   };
   if (s.topP > 0 && s.topP < 1) step(applyTopP(x, s.topP));
   if (s.minP !== 0) step(applyMinP(x, s.minP));
+  if (xtc !== undefined) step(applyXtc(x, s, xtc === "always" ? undefined : xtc));
   if (s.topK > 0) step(applyTopK(x, s.topK));
-  try {
-    return mx.multiply(x, 1 / s.temperature);
-  } finally {
-    x.dispose();
+  return x;
+}
+
+/** The next key: from a stream, or a given key (split in two when XTC also needs one). */
+function keysFor(keys: KeyStream | MlxArray | undefined, xtc: boolean): [MlxArray | undefined, MlxArray | undefined] {
+  if (keys instanceof KeyStream) {
+    // mlx-lm's sampler draws XTC's coin before the categorical draw, from the same random state.
+    const coin = xtc ? keys.next() : undefined;
+    return [coin, keys.next()];
   }
+  if (keys && xtc) {
+    using both = mx.random.split(keys);
+    return [mx.index(both, 0), mx.index(both, 1)];
+  }
+  return [undefined, keys?.retain()];
+}
+
+/**
+ * The sampled token ids [B] from log-probabilities [B, V]: argmax at temperature 0, else mlx-lm's
+ * make_sampler: top-p, min-p, XTC, top-k, then categorical(logprobs / T). `keys`: a request's key
+ * stream (XTC's coin, then the categorical draw, as mlx-lm's sampler takes them from MLX's global
+ * random state), one key (split in two when XTC is on), or undefined for MLX's global state.
+ */
+export function sample(lp: MlxArray, s: ResolvedSampling, keys: KeyStream | MlxArray | undefined): MlxArray {
+  if (s.temperature === 0) return mx.argmax(lp, -1);
+  const xtc = s.xtcProbability > 0;
+  const [coinKey, drawKey] = keysFor(keys, xtc);
+  try {
+    using coin = xtc ? mx.random.uniform(0, 1, [], coinKey ? { key: coinKey } : {}) : undefined;
+    using x = filtered(lp, s, coin);
+    using scaled = mx.multiply(x, 1 / s.temperature);
+    return mx.random.categorical(scaled, drawKey ? { key: drawKey } : {});
+  } finally {
+    coinKey?.dispose();
+    drawKey?.dispose();
+  }
+}
+
+/**
+ * The logits `sample` draws from at temperature > 0: top-p, min-p, top-k on the
+ * log-probabilities, then / T (unnormalized). Speculative decoding normalizes these to the
+ * exact distributions it compares. With XTC, whose coin is random, this is the marginal
+ * distribution: log((1 - p) softmax(a) + p softmax(b)), a without XTC, b with it (float32).
+ */
+export function temperedLogits(lp: MlxArray, s: ResolvedSampling): MlxArray {
+  if (s.temperature === 0) throw new MlxError("temperedLogits: temperature 0 is greedy (argmax), not a distribution");
+  const tempered = (xtc: "always" | undefined): MlxArray => {
+    using x = filtered(lp, s, xtc);
+    return mx.multiply(x, 1 / s.temperature);
+  };
+  if (s.xtcProbability === 0) return tempered(undefined);
+  using b = tempered("always");
+  if (s.xtcProbability === 1) return b.retain();
+  using a = tempered(undefined);
+  const logNorm = (t: MlxArray, w: number): MlxArray => {
+    using t32 = mx.astype(t, "float32");
+    using lse = mx.logsumexp(t32, -1, { keepdims: true });
+    using n = mx.subtract(t32, lse);
+    return mx.add(n, Math.log(w));
+  };
+  using la = logNorm(a, 1 - s.xtcProbability);
+  using lb = logNorm(b, s.xtcProbability);
+  return mx.logaddexp(la, lb);
 }
 
 /** A per-request key stream: same seed → same keys, independent of other requests. */

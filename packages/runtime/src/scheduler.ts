@@ -71,6 +71,8 @@ class Entry extends Row {
   ended = false;
   /** Prompt tokens fed by the prefill (of `seq.req.promptIds.length - seq.cachedTokens`). */
   prefilled = 0;
+  /** Prompt lengths to keep in the prompt cache (the request's cacheCheckpoints inside the prompt, ascending). */
+  readonly checkpoints: number[];
 
   constructor(
     seq: Sequence,
@@ -79,6 +81,8 @@ class Entry extends Row {
     readonly onPrefill: PrefillProgress | undefined,
   ) {
     super(seq);
+    const n = seq.req.promptIds.length;
+    this.checkpoints = [...new Set(seq.req.cacheCheckpoints ?? [])].filter((c) => c > 0 && c < n - 1).sort((a, b) => a - b);
   }
 }
 
@@ -273,13 +277,14 @@ export class Scheduler {
       const start = (rows: Entry[], caches: Cache[]): void => void ready.push({ rows, caches });
       if (this.#prefill) this.#splitGroup(g, done, start);
       if (this.#prefill) {
-        const step = this.engine.prefillStep;
-        const chunks = g.rest.map((t) => t.slice(0, step));
+        // Each row's chunk: up to prefillStep tokens, ending at its next checkpoint (mlx_lm.server's segments).
+        const chunks = g.rows.map((r, i) => g.rest[i]!.slice(0, this.#chunkLength(r, g.rest[i]!.length)));
         prefillChunk(this.engine, g.caches, chunks);
-        g.rest = g.rest.map((t) => t.slice(step));
+        g.rest = g.rest.map((t, i) => t.slice(chunks[i]!.length));
         g.rows.forEach((r, i) => {
           r.prefilled += chunks[i]!.length;
           r.onPrefill?.(r.prefilled, r.seq.req.promptIds.length - r.seq.cachedTokens);
+          if (this.promptCache && chunks[i]!.length && r.checkpoints.includes(this.#fed(r))) this.#checkpoint(r, g, i);
         });
         this.#splitGroup(g, done, start);
       }
@@ -294,7 +299,40 @@ export class Scheduler {
       if (this.#prefill === g) this.#dropPrefill();
       return;
     }
-    for (const p of ready) this.#startDecoding(p.rows, p.caches, g.solo);
+    for (const p of ready) {
+      // The prompt's end (all but its last token): a later prompt extending it reuses it, wrapped window or not.
+      p.rows.forEach((r, i) => {
+        if (this.promptCache && this.#fed(r) > r.seq.cachedTokens) this.#checkpoint(r, { caches: p.caches, solo: g.solo }, i);
+      });
+      this.#startDecoding(p.rows, p.caches, g.solo);
+    }
+  }
+
+  /** Prompt tokens in a prefilling row's caches. */
+  #fed(r: Entry): number {
+    return r.seq.cachedTokens + r.prefilled;
+  }
+
+  /** The row's next prefill chunk: at most prefillStep of its `left` tokens, ending at its next checkpoint. */
+  #chunkLength(r: Entry, left: number): number {
+    const fed = this.#fed(r);
+    const next = this.promptCache ? r.checkpoints.find((c) => c > fed) : undefined;
+    return Math.min(this.engine.prefillStep, left, next === undefined ? left : next - fed);
+  }
+
+  /** Keep row `i` of `g`'s caches in the prompt cache under the prompt tokens they hold. */
+  #checkpoint(r: Entry, g: { caches: Cache[]; solo: boolean }, i: number): void {
+    const ids = r.seq.req.promptIds.slice(0, this.#fed(r));
+    if (g.solo) {
+      this.promptCache!.insert(ids, g.caches);
+      return;
+    }
+    const row = g.caches.map((c) => asBatchCache("Scheduler (checkpoint)", c).extract(i));
+    try {
+      this.promptCache!.insert(ids, row);
+    } finally {
+      for (const c of row) c.dispose();
+    }
   }
 
   /** Take the rows of `g` that `which` selects out of it, with their caches, and hand them to `take` (which owns them). */

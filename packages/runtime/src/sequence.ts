@@ -2,7 +2,7 @@
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Gemma4Tokenizer, StreamingDetokenizer } from "@mlx-bun/models";
-import { applyProcessors, KeyStream, logSoftmax, type ResolvedSampling, resolveSampling, sample, samplingProcessors } from "./sampling.ts";
+import { applyProcessors, KeyStream, logSoftmax, type ResolvedSampling, resolveSampling, sample, samplingProcessors, xtcSpecialTokens } from "./sampling.ts";
 import { StopMatcher } from "./stop.ts";
 import { EventChannel } from "./stream.ts";
 import type { FinishReason, GenerateRequest, GenerationEvent, LogitsProcessor, SpeculativeStats, TopLogprob } from "./types.ts";
@@ -35,7 +35,8 @@ export class Sequence implements Disposable {
     readonly req: GenerateRequest,
     readonly tokenizer: Gemma4Tokenizer,
   ) {
-    this.sampling = resolveSampling(req.sampling, tokenizer.vocabSize);
+    const xtc = (req.sampling?.xtcProbability ?? 0) > 0 && (req.sampling?.temperature ?? 0) > 0;
+    this.sampling = resolveSampling(req.sampling, tokenizer.vocabSize, xtc ? xtcSpecialTokens(tokenizer) : []);
     this.processors = [...samplingProcessors(this.sampling), ...(req.logitsProcessors ?? [])];
     this.history = [...req.promptIds];
     this.stopIds = new Set([...tokenizer.eosTokenIds, ...(req.stopTokenIds ?? [])]);
@@ -62,8 +63,8 @@ export class Sequence implements Disposable {
   pick(row: MlxArray): Pick {
     using processed = this.process(row);
     const logprobs = logSoftmax(processed);
-    using key = this.#keys?.next();
-    const token = sample(logprobs, this.sampling, key);
+    // The request's key stream: XTC's coin (when on), then the categorical draw, as mlx-lm.
+    const token = sample(logprobs, this.sampling, this.#keys);
     return { token, logprobs };
   }
 

@@ -21,6 +21,17 @@ export interface SamplingParams {
   penaltyContext?: number;
   /** logit_bias: token id → additive bias. */
   logitBias?: Record<number, number>;
+  /**
+   * xtc_probability in [0, 1]: the chance, per token, that XTC ("exclude top choices") runs
+   * (mlx-lm's make_sampler; default 0 = off). Only when sampling (temperature > 0).
+   */
+  xtcProbability?: number;
+  /**
+   * xtc_threshold in [0, 0.5] (default 0.1): when XTC runs, every token with probability above
+   * the threshold is removed except the least likely of them; the tokenizer's newline ("\n") and
+   * eos ids are never removed (mlx_lm.generate's and mlx_lm.server's xtc_special_tokens).
+   */
+  xtcThreshold?: number;
   /** seed: same seed + same settings → same tokens. */
   seed?: number;
 }
@@ -55,6 +66,13 @@ export interface GenerateRequest {
   stopTokenIds?: number[];
   /** Return log-probabilities with this many top alternatives (0 = the chosen token only; undefined = none). */
   logprobs?: number;
+  /**
+   * Prompt lengths at which a scheduler with a prompt cache keeps a snapshot of the caches (e.g.
+   * where the conversation history ends and the generation prompt starts), so a later prompt that
+   * extends that prefix reuses it even after a sliding window wrapped. The prompt's end (all but
+   * its last token) is always kept.
+   */
+  cacheCheckpoints?: number[];
   /** Extra logits processors of this request, in order (after logit bias and penalties). */
   logitsProcessors?: LogitsProcessor[];
   /** Abort: the request stops at the next step and frees its cache row. */
