@@ -30,6 +30,9 @@ export function validateRequest(req: GenerateRequest, engine: RequestLimits): vo
   if (req.logitsProcessors !== undefined && (!Array.isArray(req.logitsProcessors) || req.logitsProcessors.some((p) => typeof p?.process !== "function"))) {
     throw new RequestError("logitsProcessors must be an array of objects with a process(history, logits) method");
   }
+  if (req.logitsProcessors?.some((p) => p.advance !== undefined && p.readsHistory === false)) {
+    throw new RequestError("logitsProcessors: a processor with advance() reads the history (readsHistory cannot be false)");
+  }
   if (req.logprobs !== undefined && (!Number.isInteger(req.logprobs) || req.logprobs < 0 || req.logprobs > 20)) {
     throw new RequestError(`top_logprobs must be an integer in 0..20, got ${req.logprobs}`);
   }

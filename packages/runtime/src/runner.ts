@@ -85,12 +85,12 @@ export class DecodeRunner {
   }
 
   /** One decode step for every row of `caches`, in row order. Rows that end stay in `rows` (the caller retires them). */
-  step(rows: readonly Row[], caches: Cache[]): void {
+  async step(rows: readonly Row[], caches: Cache[]): Promise<void> {
     this.steps++;
     if (this.#backgroundFor(rows)) this.#stepInBackground(rows, caches);
     else {
       this.drain();
-      this.#stepPlain(rows, caches);
+      await this.#stepPlain(rows, caches);
     }
   }
 
@@ -123,7 +123,7 @@ export class DecodeRunner {
    * Rows whose processors read the history (penalties, grammars) keep step t+1's forward pass in
    * the pipeline and sample once token t is read (as vLLM applies grammar bitmasks).
    */
-  #stepPlain(rows: readonly Row[], caches: Cache[]): void {
+  async #stepPlain(rows: readonly Row[], caches: Cache[]): Promise<void> {
     // Every row's unread token is its last (max_tokens): read without building another step.
     const last = rows.every((r) => r.next && r.seq.generated.length + 1 >= r.seq.req.maxTokens);
     const picks: (Pick | null)[] = [];
@@ -144,7 +144,9 @@ export class DecodeRunner {
         const p = prevs[i];
         if (p) take(r, p);
       });
-      // Token t is in the history now: the deferred rows choose token t+1.
+      // Token t is in the history now: the deferred rows choose token t+1 (after their processors' async work).
+      const waiting = rows.filter((r, i) => deferred[i] && !r.seq.done && r.seq.advances);
+      if (waiting.length) await Promise.all(waiting.map((r) => r.seq.advance()));
       rows.forEach((r, i) => {
         const logits = deferred[i];
         if (!logits || r.seq.done) return;

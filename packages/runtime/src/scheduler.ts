@@ -162,7 +162,8 @@ export class Scheduler {
     if (bytes > this.memoryBudgetBytes) {
       throw new RequestError(`the request needs ${bytes} bytes of KV cache, more than the budget of ${this.memoryBudgetBytes}`);
     }
-    if (this.speculative && this.speculative.draftTokensFor(req) > 0) return this.speculative.generate(req, opts);
+    // Requests whose processors do asynchronous work per token decode plainly (the draft rounds are synchronous).
+    if (this.speculative && this.speculative.draftTokensFor(req) > 0 && !req.logitsProcessors?.some((p) => p.advance)) return this.speculative.generate(req, opts);
     const seq = new Sequence(req, this.engine.loaded.tokenizer);
     this.#pending.push(new Entry(seq, bytes, opts.onPrefill));
     this.#running ??= this.#loop().finally(() => {
@@ -185,7 +186,7 @@ export class Scheduler {
       while (this.#rows.length || this.#pending.length || this.#prefill) {
         if (this.#rows.length) {
           this.stats.decodeSteps++;
-          this.#runner.step(this.#rows, this.#caches!);
+          await this.#runner.step(this.#rows, this.#caches!);
           this.#retireAfterStep();
           // As mlx-lm's generate_step: return freed buffers to the system now and then.
           if (this.stats.decodeSteps % 256 === 0) memory.clearCache();

@@ -50,6 +50,16 @@ export class Sequence implements Disposable {
     return this.processors.some((p) => p.readsHistory !== false);
   }
 
+  /** Whether a processor has asynchronous work per step (LogitsProcessor.advance). */
+  get advances(): boolean {
+    return this.processors.some((p) => p.advance !== undefined);
+  }
+
+  /** Run the processors' asynchronous work for the current history. */
+  async advance(): Promise<void> {
+    for (const p of this.processors) await p.advance?.(this.history);
+  }
+
   get done(): boolean {
     return this.finishReason !== null;
   }

@@ -60,7 +60,8 @@ export class SpeculativeDecoder {
   generate(req: GenerateRequest, opts: { onPrefill?: PrefillProgress } = {}): GenerationStream {
     validateRequest(req, this.target);
     const k = this.draftTokensFor(req);
-    if (k === 0) return this.target.generate(req, opts.onPrefill ? { onPrefill: opts.onPrefill } : {});
+    // Processors with asynchronous work per token (grammars) cannot run inside the synchronous draft rounds.
+    if (k === 0 || req.logitsProcessors?.some((p) => p.advance)) return this.target.generate(req, opts.onPrefill ? { onPrefill: opts.onPrefill } : {});
     const seq = new Sequence(req, this.target.loaded.tokenizer);
     void this.#run(seq, k, opts.onPrefill);
     return seq.channel;

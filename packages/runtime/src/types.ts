@@ -51,6 +51,13 @@ export interface LogitsProcessor {
    * step is built, so it is not pipelined.
    */
   readonly readsHistory?: boolean;
+  /**
+   * Asynchronous work for `history` before `process` is called with it (e.g. a grammar matcher's
+   * next-token mask), awaited by the scheduler between reading a step and sampling the next; a
+   * processor with it reads the history. Not called before the first token: have the initial
+   * state ready when the processor is made. Speculative decoding does not run such requests.
+   */
+  advance?(history: readonly number[]): Promise<void>;
 }
 
 /** One generation request. */

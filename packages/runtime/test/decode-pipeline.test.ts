@@ -34,6 +34,22 @@ function banIds(logits: MlxArray, ids: Iterable<number>): MlxArray {
 
 const ban = (ids: number[]): LogitsProcessor => ({ readsHistory: false, process: (_h, logits) => banIds(logits, ids) });
 const noRepeat = (promptLength: number): LogitsProcessor => ({ process: (h, logits) => banIds(logits, new Set(h.slice(promptLength))) });
+/** The same ban with its state computed asynchronously (as a grammar matcher's mask), checked against the history it is given. */
+const asyncNoRepeat = (promptLength: number): LogitsProcessor => {
+  let banned = new Set<number>();
+  let seen = promptLength;
+  return {
+    async advance(h) {
+      await Bun.sleep(0);
+      banned = new Set(h.slice(promptLength));
+      seen = h.length;
+    },
+    process(h, logits) {
+      if (h.length !== seen) throw new Error(`process called for ${h.length} ids after advance for ${seen}`);
+      return banIds(logits, banned);
+    },
+  };
+};
 
 describe("decode pipeline", () => {
   for (const backgroundEval of [true, false]) {
@@ -63,7 +79,7 @@ describe("decode pipeline", () => {
     });
   }
 
-  test("logits processors = mlx-lm's logits_processors (history-free ban, history-reading no-repeat), alone and batched", async () => {
+  test("logits processors = mlx-lm's logits_processors (history-free ban, history-reading no-repeat, the same with async per-step work), alone and batched", async () => {
     using e = Engine.load(models.path("dense"));
     const p = prompt(5, 20);
     const plain = mlxLmGenerate(models.path("dense"), p, 16);
@@ -85,6 +101,7 @@ describe("decode pipeline", () => {
       [{ promptIds: p, maxTokens: 16, logprobs: 0, logitsProcessors: [ban(banned)] }, refBan],
       [{ promptIds: p, maxTokens: 16, logprobs: 0, logitsProcessors: [noRepeat(p.length)] }, refNoRepeat],
       [{ promptIds: p, maxTokens: 16, logprobs: 0, logitsProcessors: [ban(banned), noRepeat(p.length)] }, refBoth],
+      [{ promptIds: p, maxTokens: 16, logprobs: 0, logitsProcessors: [asyncNoRepeat(p.length)] }, refNoRepeat],
     ];
     for (const [req, ref] of reqs) {
       const ours = await drain(e.generate(req));
@@ -92,7 +109,9 @@ describe("decode pipeline", () => {
     }
     // Batched: each row with its own processors gives its tokens alone.
     const sched = new Scheduler(e, { maxBatch: 4 });
-    const together = await Promise.all(reqs.map(([r]) => drain(sched.submit(r))));
+    // Fresh processors (the async one holds state per request).
+    const fresh = (r: GenerateRequest, i: number): GenerateRequest => (i === 4 ? { ...r, logitsProcessors: [asyncNoRepeat(p.length)] } : r);
+    const together = await Promise.all(reqs.map(([r], i) => drain(sched.submit(fresh(r, i)))));
     await sched.close();
     together.forEach((t, i) => expect(t.tokens, `row ${i}`).toEqual(upToEos(reqs[i]![1]).tokens));
   });
