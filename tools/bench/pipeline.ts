@@ -32,8 +32,9 @@ const O = {
 
 type Figures = Record<string, number>;
 
+let vocab = 512;
 function prompt(i: number, n = 24): number[] {
-  return Array.from({ length: n }, (_, j) => 10 + ((i * 131 + j * 53) % 5000));
+  return Array.from({ length: n }, (_, j) => 10 + ((i * 131 + j * 53) % (vocab - 10)));
 }
 
 /** Decode tok/s of one stream: tokens after the first over the time after the first. */
@@ -51,6 +52,7 @@ async function decodeRate(s: GenerationStream): Promise<number> {
 
 async function once(): Promise<Figures> {
   const engine = Engine.load(O.model);
+  vocab = engine.loaded.tokenizer.vocabSize;
   const out: Figures = {};
   const sched = new Scheduler(engine, { maxBatch: 16 });
   // Warm up both paths (first calls compile and allocate).

@@ -3,14 +3,33 @@
  * sanitize, the expected-tensor manifest, the tokenizer (with a streaming detokenizer) and the
  * chat template.
  */
-export * from "./config.ts";
-export * from "./errors.ts";
-export * from "./weights.ts";
-export * from "./tokenizer.ts";
-export * from "./chat-template.ts";
+export {
+  type Gemma4Config,
+  type Gemma4TextConfig,
+  type LayerSpec,
+  layerSpecs,
+  loadGemma4Config,
+  parseGemma4Config,
+  parseQuantization,
+  readJson,
+} from "./config.ts";
+export { ConfigError, WeightsError } from "./errors.ts";
+export {
+  assertTensors,
+  checkpointTensorInfo,
+  checkTensors,
+  expectedTensors,
+  findWeights,
+  type LoadedWeights,
+  loadWeights,
+  planSanitize,
+} from "./weights.ts";
+export { Gemma4Tokenizer, readEosTokenIds, StreamingDetokenizer } from "./tokenizer.ts";
+export { type ChatMessage, ChatTemplate, type ChatTemplateOptions } from "./chat-template.ts";
 export { Gemma4Model } from "./model/gemma4.ts";
 export { type KvMode, codecFor, kvModeName, parseKvMode } from "./model/kv-mode.ts";
 export { embed, embedAsLinear, linear, moduleWeights, switchLinear, type ModuleWeights } from "./model/nn.ts";
 export { type LoadedModel, loadModel, loadTextSide } from "./load.ts";
 export { type LoadedAdapter, loadAdapter } from "./lora.ts";
 export { shardModel, TensorParallel } from "./model/shard.ts";
+export { GEMMA4_MARKERS, type Gemma4Output, type Gemma4OutputEvent, Gemma4OutputParser, type Gemma4OutputParserOptions, type Gemma4OutputState, parseToolCalls, splitGemma4Output, type ToolCall, ToolCallParseError } from "./gemma4-output.ts";

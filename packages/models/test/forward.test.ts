@@ -104,36 +104,6 @@ describe("Gemma 4 forward = mlx-lm (64-token prompt, 50 greedy tokens, every ste
   }
 });
 
-describe("generated per-config code = the generic path", () => {
-  for (const [name, plan] of [
-    ["small-bf16", "tiny-small"],
-    ["dense-4bit", "tiny-dense"],
-    ["moe-f32", "tiny-moe"],
-  ] as const) {
-    test(`${name}: the generated plan ${plan} is picked and gives identical logits`, () => {
-      const ckpt = made.get(name)!;
-      const config = loadGemma4Config(ckpt);
-      using weights = loadWeights(ckpt, config);
-      using gen = new Gemma4Model(config, weights.tensors);
-      using generic = new Gemma4Model(config, weights.tensors, { generic: true });
-      expect(gen.plan?.name).toBe(plan);
-      expect(generic.plan).toBeNull();
-      const cg = gen.makeCaches();
-      const cn = generic.makeCaches();
-      try {
-        for (const chunk of [PROMPT.slice(0, 40), PROMPT.slice(40), [7], [9]]) {
-          using ids = MlxArray.fromNumbers(chunk, [1, chunk.length], "int32");
-          using a = gen.forward(ids, cg);
-          using b = generic.forward(ids, cn);
-          expect(maxAbsDiff(a, b)).toBe(0);
-        }
-      } finally {
-        for (const c of [...cg, ...cn]) c.dispose();
-      }
-    });
-  }
-});
-
 describe("LoRA adapters (mlx-lm format)", () => {
   test("an adapter made by mlx-lm's tuner gives mlx-lm's logits exactly, and unloading restores the base", async () => {
     const { loadAdapter } = await import("../src/index.ts");

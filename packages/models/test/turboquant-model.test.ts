@@ -57,7 +57,7 @@ describe("TurboQuant on a Gemma 4 model (head dims 64/128, every layer's cache q
     runPython([MAKER, "--variant", "small", "--out", ckpt, "--set", "head_dim=64", "--set", "global_head_dim=128"]);
     const config = loadGemma4Config(ckpt);
     using weights = loadWeights(ckpt, config);
-    using model = new Gemma4Model(config, weights.tensors, { generic: true });
+    using model = new Gemma4Model(config, weights.tensors);
     const prompt = Array.from({ length: 48 }, (_, i) => 7 + ((i * 41) % 300));
     const steps = 40;
     const ref = decode(model, "bf16", prompt, steps);

@@ -41,7 +41,7 @@ export class Sequence implements Disposable {
     this.history = [...req.promptIds];
     this.stopIds = new Set([...tokenizer.eosTokenIds, ...(req.stopTokenIds ?? [])]);
     if (this.sampling.temperature > 0) this.#keys = new KeyStream(this.sampling.seed ?? Math.floor(Math.random() * 2 ** 31));
-    this.#detok = tokenizer.streamDecoder({ skipSpecialTokens: true });
+    this.#detok = tokenizer.streamDecoder({ skipSpecialTokens: req.keepSpecialTokens !== true });
     this.#stop = new StopMatcher(req.stop ?? []);
   }
 

@@ -67,6 +67,11 @@ export interface GenerateRequest {
   /** max_tokens (>= 1). */
   maxTokens: number;
   sampling?: SamplingParams;
+  /**
+   * Keep special tokens in the streamed text (as mlx_lm.server does: Gemma 4's tool-call and
+   * thinking delimiters are special tokens, and its output parser needs them). Default false.
+   */
+  keepSpecialTokens?: boolean;
   /** Stop strings: generation ends before the first occurrence; the text never includes it. */
   stop?: string[];
   /** Extra stop token ids (the model's eos ids always stop). */

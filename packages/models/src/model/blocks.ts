@@ -1,10 +1,9 @@
-// The building blocks of the Gemma 4 forward pass (gemma4_text.py), shared by the generic path
-// (gemma4.ts, which picks blocks per layer at run time) and the generated per-config modules
-// (src/generated/*.ts, where tools/gen-model picked them ahead of time). Same ops, same order.
+// The building blocks of the Gemma 4 forward pass (gemma4_text.py), which Gemma4Model.forward
+// (gemma4.ts) picks per layer from its spec at run time. Same ops, same order as mlx-lm.
 import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, createCausalMask, type KvView, type Mask, plainCodec } from "@mlx-bun/kv-cache";
-import type { LayerSpec, LayerType } from "../config.ts";
+import type { LayerSpec } from "../config.ts";
 import { WeightsError } from "../errors.ts";
 import { geglu, logitSoftcap } from "./compiled.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights, switchLinear } from "./nn.ts";
@@ -268,5 +267,3 @@ export function releaseShared(shared: readonly (Shared | undefined)[]): void {
     if (sh.offset instanceof MlxArray) sh.offset.dispose();
   }
 }
-
-export type { LayerType, Scope };

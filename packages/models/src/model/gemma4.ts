@@ -1,7 +1,6 @@
-// Gemma 4 text model (gemma4_text.py): weights resolved once, then the forward pass either by a
-// generated module for this exact config (src/generated/, made by tools/gen-model) or by the
-// generic path below, which picks the same blocks per layer at run time. Both issue the same ops
-// in the same order and dtypes as mlx-lm, so logits match it bit for bit (docs/gemma4.md).
+// Gemma 4 text model (gemma4_text.py): weights resolved once, then one forward pass for every
+// config, which picks the blocks per layer from its spec at run time. It issues the same ops in
+// the same order and dtypes as mlx-lm, so logits match it bit for bit (docs/gemma4.md).
 import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, KVCache, type Mask, RotatingKVCache } from "@mlx-bun/kv-cache";
@@ -28,24 +27,17 @@ import {
 import { codecFor, type KvMode } from "./kv-mode.ts";
 import { type ModuleWeights, moduleWeights } from "./nn.ts";
 import { Scope } from "./scope.ts";
-import { configKey, findGeneratedPlan, type ForwardPlan } from "./plan.ts";
 
 export class Gemma4Model implements Disposable {
   readonly specs: LayerSpec[];
   readonly firstShared: number;
   readonly parts: ModelParts;
   readonly consts: ModelConsts;
-  /** The generated module serving this config, or null (generic path). */
-  readonly plan: ForwardPlan | null;
   /** Every linear/embedding module by its mlx-lm path (for adapters). */
   readonly modules = new Map<string, ModuleWeights>();
   #owned: MlxArray[] = [];
 
-  constructor(
-    readonly config: Gemma4Config,
-    tensors: Map<string, MlxArray>,
-    opts: { generic?: boolean } = {},
-  ) {
+  constructor(readonly config: Gemma4Config, tensors: Map<string, MlxArray>) {
     const t = config.text;
     const info = new Map([...tensors].map(([n, a]) => [n, { shape: [...a.shape], dtype: a.dtype }]));
     const manifest = expectedTensors(config, { actual: info });
@@ -141,7 +133,6 @@ export class Gemma4Model implements Disposable {
       softcap: t.finalLogitSoftcapping,
       topK: t.topKExperts ?? 0,
     };
-    this.plan = opts.generic ? null : findGeneratedPlan(configKey(config));
   }
 
   /**
@@ -168,12 +159,6 @@ export class Gemma4Model implements Disposable {
     if (caches && caches.length !== this.firstShared) {
       throw new WeightsError(`Gemma4Model.forward: ${caches.length} caches given, the model needs ${this.firstShared}`);
     }
-    if (this.plan) return this.plan.forward(this.parts, this.consts, ids, caches);
-    return this.#forwardGeneric(ids, caches);
-  }
-
-  /** The generic path: per layer, the blocks its spec calls for. */
-  #forwardGeneric(ids: MlxArray, caches: Cache[] | null): MlxArray {
     const c = this.consts;
     const [B, N] = ids.shape as [number, number];
     using s = new Scope();
