@@ -64,6 +64,8 @@ export interface SamplingOptions {
   topP: number;
   topK: number;
   minP: number;
+  xtcProbability: number;
+  xtcThreshold: number;
   seed?: number;
   maxTokens: number;
 }
@@ -77,7 +79,7 @@ export function addModelOptions(cmd: Command): Command {
     .option("--prefill-step-size <n>", "prompt tokens per prefill step", intArg("--prefill-step-size", 1), 2048);
 }
 
-/** --temp, --top-p, --top-k, --min-p, --seed, --max-tokens (defaults as mlx_lm). */
+/** --temp, --top-p, --top-k, --min-p, --xtc-probability, --xtc-threshold, --seed, --max-tokens (defaults as mlx_lm). */
 export function addSamplingOptions(cmd: Command, maxTokens: number): Command {
   return cmd
     .option("--max-tokens <n>", "maximum tokens to generate", intArg("--max-tokens", 1), maxTokens)
@@ -85,11 +87,17 @@ export function addSamplingOptions(cmd: Command, maxTokens: number): Command {
     .option("--top-p <p>", "nucleus sampling mass", floatArg("--top-p", 0, 1), 1)
     .option("--top-k <k>", "top-k sampling (0 = off)", intArg("--top-k", 0), 0)
     .option("--min-p <p>", "min-p sampling (0 = off)", floatArg("--min-p", 0, 1), 0)
+    .option("--xtc-probability <p>", "chance per token of XTC sampling (0 = off)", floatArg("--xtc-probability", 0, 1), 0)
+    .option("--xtc-threshold <t>", "XTC removes the tokens above this probability but the least likely of them", floatArg("--xtc-threshold", 0, 0.5), 0.1)
     .option("--seed <n>", "random seed", intArg("--seed"));
 }
 
 export function samplingFrom(o: SamplingOptions): SamplingParams {
   const s: SamplingParams = { temperature: o.temp, topP: o.topP, topK: o.topK, minP: o.minP };
+  if (o.xtcProbability > 0) {
+    s.xtcProbability = o.xtcProbability;
+    s.xtcThreshold = o.xtcThreshold;
+  }
   if (o.seed !== undefined) s.seed = o.seed;
   return s;
 }

@@ -50,6 +50,33 @@ export function chatPromptIds(m: PromptModel, messages: readonly ChatMessage[], 
   });
 }
 
+/**
+ * Where a chat prompt's prefix stays the same in the conversation's next turn, for the prompt
+ * cache (mlx_lm.server's prompt segments): the end of the system messages, and the end of the
+ * history (the template without the generation prompt, whose tail — `<|turn>model` and any
+ * thinking markers — the next turn renders differently). Lengths inside the prompt, ascending.
+ */
+export function chatPromptCheckpoints(m: PromptModel, messages: readonly ChatMessage[], promptIds: readonly number[], opts: ChatPromptOptions = {}): number[] {
+  if (!m.template || messages.length === 0) return [];
+  const render = (msgs: readonly ChatMessage[]): number[] =>
+    m.template!.apply(m.tokenizer, msgs, { addGenerationPrompt: false, tools: opts.tools ?? null, kwargs: templateKwargs(m.tokenizer, opts.kwargs) });
+  const out = new Set<number>();
+  const shared = (ids: readonly number[]): number => {
+    let i = 0;
+    while (i < ids.length && i < promptIds.length && ids[i] === promptIds[i]) i++;
+    return i;
+  };
+  try {
+    const system = messages.findIndex((x) => x.role !== "system");
+    // As mlx_lm.server: the system messages followed by an empty user turn, up to where they differ.
+    if (system > 0) out.add(shared(render([...messages.slice(0, system), { role: "user", content: "" }])));
+    if (messages.at(-1)!.role === "user" || messages.at(-1)!.role === "tool") out.add(shared(render(messages)));
+  } catch {
+    // A template that cannot render the shortened conversation: no checkpoints, no reuse lost beyond them.
+  }
+  return [...out].filter((c) => c > 0 && c < promptIds.length).sort((a, b) => a - b);
+}
+
 /** A raw text prompt (mlx_lm.server /v1/completions; mlx_lm.generate --ignore-chat-template): with <bos>. */
 export function rawPromptIds(m: PromptModel, text: string): number[] {
   return m.tokenizer.encode(text, { addSpecialTokens: true });

@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { runPython } from "../../../tools/oracle/oracle.ts";
 import { chatPromptIds, generatePromptIds } from "../src/prompt.ts";
 import { type RunningServer, startServer } from "../src/server/http.ts";
-import { makeTinySmall, runCli, tempDir } from "./helpers.ts";
+import { makeTinySmall, ROOT, runCli, tempDir } from "./helpers.ts";
 
 let tmp: ReturnType<typeof tempDir>;
 let dir: string;
@@ -211,6 +211,97 @@ describe("endpoints", () => {
   });
 });
 
+describe("n > 1 and XTC", () => {
+  type Choice = { index: number; finish_reason: string; message?: { content: string | null }; text?: string; logprobs: Lp | null };
+  type Body = { object: string; choices: Choice[]; usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number } };
+  const msgs = [{ role: "user", content: "write a poem" }];
+  const chat = async (extra: Record<string, unknown>): Promise<Body> => {
+    const res = await post("/v1/chat/completions", { model: MODEL, messages: msgs, max_tokens: 12, logprobs: true, ...extra });
+    expect(res.status).toBe(200);
+    return (await res.json()) as Body;
+  };
+  /** The SSE chunks of a streamed request, as parsed JSON (without [DONE]). */
+  const sse = async (path: string, body: Record<string, unknown>) => {
+    const res = await post(path, { model: MODEL, stream: true, ...body });
+    expect(res.status).toBe(200);
+    const lines = (await res.text()).split("\n\n").filter((l) => l.startsWith("data: "));
+    expect(lines.at(-1)).toBe("data: [DONE]");
+    return lines.slice(0, -1).map((l) => JSON.parse(l.slice(6)) as { choices: (Choice & { delta?: { content?: string } })[]; usage?: Body["usage"] });
+  };
+
+  test("chat, not streamed: n choices, index 0..n-1, seeded choice i = seed + i, usage sums the completions", async () => {
+    const r = await chat({ n: 3, temperature: 1, seed: 5 });
+    expect(r.choices.map((c) => c.index)).toEqual([0, 1, 2]);
+    const solo = await Promise.all([5, 6, 7].map((seed) => chat({ temperature: 1, seed })));
+    r.choices.forEach((c, i) => {
+      expect(ids(c), `choice ${i}`).toEqual(ids(solo[i]!.choices[0]!));
+      expect(c.message!.content).toBe(solo[i]!.choices[0]!.message!.content);
+    });
+    expect(new Set(r.choices.map((c) => JSON.stringify(ids(c)))).size).toBeGreaterThan(1);
+    const promptTokens = chatPromptIds(engine.loaded, msgs).length;
+    const completion = r.choices.reduce((n, c) => n + ids(c).length, 0);
+    expect(r.usage).toMatchObject({ prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion });
+    // Reproducible as a whole.
+    expect((await chat({ n: 3, temperature: 1, seed: 5 })).choices.map(ids)).toEqual(r.choices.map(ids));
+  });
+
+  test("greedy n > 1 gives n identical choices (through the openai client)", async () => {
+    const one = await chatIds("write a poem", 12);
+    const steps0 = scheduler.stats.decodeSteps;
+    const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "write a poem" }], max_tokens: 12, temperature: 0, n: 4, logprobs: true });
+    expect(r.choices).toHaveLength(4);
+    for (const c of r.choices) expect(ids(c)).toEqual(one.ids);
+    expect(r.usage!.completion_tokens).toBe(4 * one.ids.length);
+    // The choices were decoded together: about one step per token, not four.
+    expect(scheduler.stats.decodeSteps - steps0).toBeLessThan(2 * one.ids.length);
+  });
+
+  test("chat, streamed: every chunk names its choice; each choice streams its whole answer and one finish", async () => {
+    const whole = await chat({ n: 3, temperature: 1, seed: 11 });
+    const chunks = await sse("/v1/chat/completions", { messages: msgs, max_tokens: 12, n: 3, temperature: 1, seed: 11, stream_options: { include_usage: true } });
+    const text = ["", "", ""];
+    const finishes: string[][] = [[], [], []];
+    for (const c of chunks.slice(0, -1)) {
+      expect(c.choices).toHaveLength(1);
+      const ch = c.choices[0]!;
+      text[ch.index] += ch.delta?.content ?? "";
+      if (ch.finish_reason) finishes[ch.index]!.push(ch.finish_reason);
+    }
+    whole.choices.forEach((c, i) => {
+      expect(text[i], `choice ${i}`).toBe(c.message!.content ?? "");
+      expect(finishes[i]).toEqual([c.finish_reason]);
+    });
+    const last = chunks.at(-1)!;
+    expect(last.choices).toEqual([]);
+    expect(last.usage).toEqual(whole.usage);
+  });
+
+  test("completions, streamed and not, with n = 2", async () => {
+    const res = await post("/v1/completions", { model: MODEL, prompt: "Once upon a time", max_tokens: 8, n: 2, temperature: 0.9, seed: 3 });
+    const r = (await res.json()) as Body;
+    expect(r.object).toBe("text_completion");
+    expect(r.choices.map((c) => c.index)).toEqual([0, 1]);
+    const chunks = await sse("/v1/completions", { prompt: "Once upon a time", max_tokens: 8, n: 2, temperature: 0.9, seed: 3 });
+    const text = ["", ""];
+    for (const c of chunks) for (const ch of c.choices) text[ch.index] += ch.text ?? "";
+    expect(text).toEqual(r.choices.map((c) => c.text));
+    expect(new Set(chunks.flatMap((c) => c.choices.map((ch) => ch.index)))).toEqual(new Set([0, 1]));
+  });
+
+  test("xtc_probability / xtc_threshold are accepted and sample reproducibly; the threshold reaches the sampler", async () => {
+    const xtc = async (t: number) => ids((await chat({ temperature: 1, seed: 21, xtc_probability: 0.5, xtc_threshold: t })).choices[0]!);
+    const a = await xtc(0.004);
+    expect(a.length).toBeGreaterThan(0);
+    expect(await xtc(0.004)).toEqual(a);
+    // The tiny model's top probability is about 0.02: 0.5 never removes a token, 0.004 does.
+    expect(await xtc(0.5)).not.toEqual(a);
+    const res = await post("/v1/chat/completions", { model: MODEL, messages: msgs, xtc_probability: 0.5, xtc_threshold: 0.7 });
+    expect(res.status).toBe(400);
+    expect(((await res.json()) as { error: { param: string } }).error.param).toBe("xtc_threshold");
+    await idle();
+  });
+});
+
 function withoutSpecialTokens(text: string): string {
   const tok = engine.loaded.tokenizer;
   for (const id of tok.specialIds) {
@@ -274,6 +365,24 @@ describe("greedy parity", () => {
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toBe(`${pyText}\n`);
     expect(r.stderr).toMatch(/Prompt: \d+ tokens, [\d.]+ tokens-per-sec\nGeneration: 16 tokens, [\d.]+ tokens-per-sec\nPeak memory: [\d.]+ GB/);
+  });
+
+  test("seeded XTC: mlx-bun generate --xtc-probability/--xtc-threshold = mlx-lm generate_step with the same sampler and seed", async () => {
+    // Not mlx_lm.generate itself: it seeds before building the model, whose initializers draw from
+    // the same global random state, so its draws depend on the model's construction.
+    for (const [p, t] of [["0.5", "0.004"], ["1", "0.01"]] as const) {
+      const sampling = ["--temp", "1", "--seed", "3", "--xtc-probability", p, "--xtc-threshold", t];
+      const r = await runCli(["generate", "--json", "--model", dir, "--prompt", "hello there", "--max-tokens", "16", ...sampling]);
+      expect(r.code, r.stderr).toBe(0);
+      const out = JSON.parse(r.stdout) as { prompt_ids: number[]; generated_ids: number[] };
+      const oracleArgs = [join(ROOT, "tools", "oracle", "generate_oracle.py"), dir, "--ids", out.prompt_ids.join(","), "--max-tokens", "16", ...sampling];
+      const ref = JSON.parse(runPython(oracleArgs)) as { tokens: number[] };
+      expect(out.generated_ids.length).toBeGreaterThan(0);
+      expect(out.generated_ids, `xtc ${p} ${t}`).toEqual(ref.tokens.slice(0, out.generated_ids.length));
+    }
+    const bad = await runCli(["generate", "--model", dir, "--xtc-threshold", "0.7"]);
+    expect(bad.code).toBe(1);
+    expect(bad.stderr).toContain("--xtc-threshold must be in [0, 0.5]");
   });
 });
 

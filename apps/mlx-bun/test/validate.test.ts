@@ -3,7 +3,9 @@
 import { describe, expect, test } from "vitest";
 import { ApiError } from "../src/server/errors.ts";
 import {
+  choiceRequests,
   convertChat,
+  MAX_CHOICES,
   MLX_LM_SERVER_DEFAULTS,
   parseChatRequest,
   parseCompletionRequest,
@@ -91,6 +93,14 @@ describe("wrong field types and values", () => {
     ["stream_options", "x", "invalid_type"],
     ["model", 5, "invalid_type"],
     ["xtc_probability", 2, "invalid_value"],
+    ["xtc_probability", -0.1, "invalid_value"],
+    ["xtc_probability", "0.5", "invalid_type"],
+    ["xtc_threshold", 1.5, "invalid_value"],
+    ["xtc_threshold", -1, "invalid_value"],
+    ["n", 0, "invalid_value"],
+    ["n", MAX_CHOICES + 1, "invalid_value"],
+    ["n", 1.5, "invalid_type"],
+    ["n", "2", "invalid_type"],
   ];
   for (const [key, value, code] of cases) {
     test(`${key}: ${JSON.stringify(value)} → 400 ${code}`, () => {
@@ -112,8 +122,6 @@ describe("wrong field types and values", () => {
 
 describe("unsupported parameters", () => {
   const cases: [Record<string, unknown>, string][] = [
-    [{ n: 2 }, "n"],
-    [{ xtc_probability: 0.5 }, "xtc_probability"],
     [{ draft_model: "other" }, "draft_model"],
     [{ adapters: "lora" }, "adapters"],
     [{ repetition_context_size: 10, presence_context_size: 30 }, "presence_context_size"],
@@ -280,6 +288,37 @@ describe("good requests", () => {
     const p = parseChatRequest(chat({ stop: ["a", "", "b"], repetition_penalty: 0 }), ctx);
     expect(p.stop).toEqual(["a", "b"]);
     expect(p.sampling.repetitionPenalty).toBeUndefined();
+  });
+
+  test("xtc_probability / xtc_threshold reach the sampling settings (mlx_lm.server's defaults: 0, 0.1)", () => {
+    const p = parseChatRequest(chat({ temperature: 1, xtc_probability: 0.5, xtc_threshold: 0.2 }), ctx);
+    expect(p.sampling).toMatchObject({ xtcProbability: 0.5, xtcThreshold: 0.2 });
+    expect(parseCompletionRequest(completion({ xtc_probability: 1 }), ctx).sampling).toMatchObject({ xtcProbability: 1, xtcThreshold: 0.1 });
+    // Off: nothing reaches the runtime, and a threshold up to 1 passes as in mlx_lm.server.
+    const off = parseChatRequest(chat({ xtc_probability: 0, xtc_threshold: 0.9 }), ctx).sampling;
+    expect(off.xtcProbability).toBeUndefined();
+    expect(off.xtcThreshold).toBeUndefined();
+    // On: apply_xtc's range [0, 0.5].
+    const e = expectError(() => parseChatRequest(chat({ xtc_probability: 0.5, xtc_threshold: 0.6 }), ctx), 400, "xtc_threshold", "invalid_value");
+    expect(e.message).toBe("xtc_threshold must be at most 0.5 when xtc_probability > 0, got 0.6");
+    // Server-wide defaults apply when the request leaves them out.
+    const d = parseChatRequest(chat(), { ...ctx, defaults: { ...ctx.defaults, xtcProbability: 0.3, xtcThreshold: 0.05 } });
+    expect(d.sampling).toMatchObject({ xtcProbability: 0.3, xtcThreshold: 0.05 });
+  });
+
+  test("n: 1..MAX_CHOICES (default 1); each choice is its own request, seeded choices get seed + i", () => {
+    expect(parseChatRequest(chat(), ctx).n).toBe(1);
+    expect(parseCompletionRequest(completion({ n: MAX_CHOICES }), ctx).n).toBe(MAX_CHOICES);
+    expect(apiError(() => parseChatRequest(chat({ n: 17 }), ctx)).message).toBe("n must be at most 16, got 17");
+    expectError(() => parseChatRequest(chat({ n: 3 }), { ...ctx, maxChoices: 2 }), 400, "n", "invalid_value");
+    const q = parseChatRequest(chat({ n: 3, seed: 40, temperature: 1 }), ctx);
+    const r = toGenerateRequest(q, [2, 9], 4096);
+    const rs = choiceRequests(r, q.n);
+    expect(rs.map((x) => x.sampling?.seed)).toEqual([40, 41, 42]);
+    expect(rs[0]).toBe(r);
+    expect(rs.every((x) => x.sampling?.temperature === 1 && x.promptIds === r.promptIds)).toBe(true);
+    const unseeded = choiceRequests(toGenerateRequest(parseChatRequest(chat({ n: 2 }), ctx), [2, 9], 4096), 2);
+    expect(unseeded.map((x) => x.sampling?.seed)).toEqual([undefined, undefined]);
   });
 });
 

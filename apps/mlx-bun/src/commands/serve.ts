@@ -90,7 +90,7 @@ function serverSettings(o: ServeOptions, model: { id: string; dir: string }, eng
     port: o.port,
     ...(apiKey ? { apiKey } : {}),
     maxBodyBytes: o.maxBodySize,
-    defaults: { maxTokens: o.maxTokens, temperature: o.temp, topP: o.topP, topK: o.topK, minP: o.minP },
+    defaults: { maxTokens: o.maxTokens, temperature: o.temp, topP: o.topP, topK: o.topK, minP: o.minP, xtcProbability: o.xtcProbability, xtcThreshold: o.xtcThreshold },
     ...(o.chatTemplateArgs ? { chatTemplateArgs: o.chatTemplateArgs } : {}),
     allowedOrigins: o.allowedOrigins,
     kvMode: engine.kvModeName,

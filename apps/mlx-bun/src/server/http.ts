@@ -9,6 +9,7 @@ import { chatPromptIds, rawPromptIds } from "../prompt.ts";
 import { VERSION } from "../version.ts";
 import { ApiError } from "./errors.ts";
 import {
+  choiceRequests,
   MLX_LM_SERVER_DEFAULTS,
   type ParsedRequest,
   parseChatRequest,
@@ -270,14 +271,20 @@ class App {
     const abort = new AbortController();
     const onAbort = () => abort.abort();
     req.signal.addEventListener("abort", onAbort, { once: true });
-    const promptIds = this.promptIds(p);
-    const greq = toGenerateRequest(p, promptIds, this.contextLength, abort.signal);
-    let stream: GenerationStream;
+    const done = () => req.signal.removeEventListener("abort", onAbort);
+    // n choices: one request row each, all submitted now so the scheduler batches them.
+    const streams: GenerationStream[] = [];
     try {
-      stream = this.opts.scheduler.submit(greq);
-      stream.result.then((r) => this.#countSpeculative(r), () => {});
+      const promptIds = this.promptIds(p);
+      const greq = toGenerateRequest(p, promptIds, this.contextLength, abort.signal);
+      for (const r of choiceRequests(greq, p.n)) {
+        const stream = this.opts.scheduler.submit(r);
+        stream.result.then((res) => this.#countSpeculative(res), () => {});
+        streams.push(stream);
+      }
     } catch (e) {
-      req.signal.removeEventListener("abort", onAbort);
+      abort.abort(); // the choices already submitted end at their next step
+      done();
       throw e;
     }
     const meta: ResponseMeta = {
@@ -286,16 +293,25 @@ class App {
       model: p.model,
       system_fingerprint: this.fingerprint,
     };
-    const fmt = new Formatter(p, meta, this.opts.model.tokenizer);
-    if (p.stream) return this.streamResponse(req, fmt, stream, abort, () => req.signal.removeEventListener("abort", onAbort));
-    return await this.wholeResponse(req, fmt, stream, abort, () => req.signal.removeEventListener("abort", onAbort));
+    const fmts = streams.map((_, i) => new Formatter(p, meta, this.opts.model.tokenizer, i));
+    if (p.stream) return this.streamResponse(req, fmts, streams, abort, done);
+    return await this.wholeResponse(req, fmts, streams, abort, done);
   }
 
-  async wholeResponse(req: Request, fmt: Formatter, stream: GenerationStream, abort: AbortController, done: () => void): Promise<Response> {
+  async wholeResponse(req: Request, fmts: Formatter[], streams: GenerationStream[], abort: AbortController, done: () => void): Promise<Response> {
     try {
-      for await (const ev of stream) fmt.add(ev);
-      const result = await stream.result;
-      return this.json(req, 200, fmt.whole(result));
+      const results = await Promise.all(
+        streams.map(async (stream, i) => {
+          for await (const ev of stream) fmts[i]!.add(ev);
+          return await stream.result;
+        }),
+      );
+      const f = fmts[0]!;
+      return this.json(req, 200, {
+        ...f.base(f.chat ? "chat.completion" : "text_completion"),
+        choices: results.map((r, i) => fmts[i]!.choice(r)),
+        usage: usageOf(results),
+      });
     } catch (e) {
       abort.abort();
       throw e;
@@ -304,9 +320,19 @@ class App {
     }
   }
 
-  streamResponse(req: Request, fmt: Formatter, stream: GenerationStream, abort: AbortController, done: () => void): Response {
+  /**
+   * Server-sent events of all the choices, interleaved as their tokens come: each chunk carries one
+   * choice (its index); a choice's last chunk has its finish_reason; then the usage chunk (when
+   * asked for) once all have ended, and [DONE].
+   */
+  streamResponse(req: Request, fmts: Formatter[], streams: GenerationStream[], abort: AbortController, done: () => void): Response {
     const enc = new TextEncoder();
-    const it = stream[Symbol.asyncIterator]();
+    const its = streams.map((s) => s[Symbol.asyncIterator]());
+    type Next = { i: number; r?: IteratorResult<GenerationEvent>; error?: unknown };
+    // A failure comes back as a value, so a promise nobody races yet never rejects unhandled.
+    const next = (i: number): Promise<Next> => its[i]!.next().then((r) => ({ i, r }), (error: unknown) => ({ i, error }));
+    const pending = new Map<number, Promise<Next>>(its.map((_, i) => [i, next(i)]));
+    const results: GenerationResult[] = [];
     let finished = false;
     const finish = () => {
       if (finished) return;
@@ -317,18 +343,26 @@ class App {
     const body = new ReadableStream<Uint8Array>({
       pull: async (c) => {
         try {
-          for (;;) {
-            const r = await it.next();
-            if (r.done) break;
-            const chunk = fmt.addAndChunk(r.value);
+          while (pending.size) {
+            const { i, r, error } = await Promise.race(pending.values());
+            if (error !== undefined) throw error;
+            const fmt = fmts[i]!;
+            if (r!.done) {
+              pending.delete(i);
+              const result = await streams[i]!.result;
+              results[i] = result;
+              c.enqueue(sse(fmt.finalChunk(result)));
+              return;
+            }
+            pending.set(i, next(i));
+            const chunk = fmt.addAndChunk(r!.value);
             if (chunk) {
               c.enqueue(sse(chunk));
               return;
             }
           }
-          const result = await stream.result;
-          c.enqueue(sse(fmt.finalChunk(result)));
-          if (fmt.p.includeUsage) c.enqueue(sse(fmt.usageChunk(result)));
+          const f = fmts[0]!;
+          if (f.p.includeUsage) c.enqueue(sse({ ...f.base(f.chat ? "chat.completion.chunk" : "text_completion"), choices: [], usage: usageOf(results) }));
           c.enqueue(enc.encode("data: [DONE]\n\n"));
           c.close();
           finish();
@@ -345,7 +379,7 @@ class App {
         }
       },
       cancel: () => {
-        // The client went away mid-stream: cancel the request (its cache row is freed).
+        // The client went away mid-stream: cancel the request (its cache rows are freed).
         abort.abort();
         finish();
       },
@@ -384,7 +418,7 @@ interface LogprobEntry {
   top_logprobs: { id: number; token: string; logprob: number; bytes: number[] }[];
 }
 
-/** Builds mlx_lm.server / OpenAI response bodies from generation events. */
+/** Builds mlx_lm.server / OpenAI response bodies from the generation events of one choice (`index`). */
 class Formatter {
   readonly chat: boolean;
   readonly entries: LogprobEntry[] = [];
@@ -394,6 +428,7 @@ class Formatter {
     readonly p: ParsedRequest,
     readonly meta: ResponseMeta,
     readonly tokenizer: Gemma4Tokenizer,
+    readonly index = 0,
   ) {
     this.chat = p.kind === "chat";
   }
@@ -456,7 +491,7 @@ class Formatter {
   }
 
   chunk(text: string, finish: string | null, entries: LogprobEntry[], offset: number): Record<string, unknown> {
-    const choice: Record<string, unknown> = { index: 0, finish_reason: finish };
+    const choice: Record<string, unknown> = { index: this.index, finish_reason: finish };
     if (this.chat) {
       const delta: Record<string, unknown> = { role: "assistant" };
       if (text) delta.content = text;
@@ -475,29 +510,32 @@ class Formatter {
     return this.chunk(tail, finishReason(r), [], offset);
   }
 
-  usage(r: GenerationResult) {
-    const completion = r.tokens.length;
-    return {
-      prompt_tokens: r.promptTokens,
-      completion_tokens: completion,
-      total_tokens: r.promptTokens + completion,
-      prompt_tokens_details: { cached_tokens: r.cachedTokens },
-      ...(r.speculative ? { speculative: speculativeUsage(r.speculative) } : {}),
-    };
-  }
-
-  usageChunk(r: GenerationResult): Record<string, unknown> {
-    return { ...this.base(this.chat ? "chat.completion.chunk" : "text_completion"), choices: [], usage: this.usage(r) };
-  }
-
-  whole(r: GenerationResult): Record<string, unknown> {
+  /** The choice of a whole (non-streamed) response. */
+  choice(r: GenerationResult): Record<string, unknown> {
     const text = r.text;
-    const choice: Record<string, unknown> = { index: 0, finish_reason: finishReason(r) };
+    const choice: Record<string, unknown> = { index: this.index, finish_reason: finishReason(r) };
     if (this.chat) choice.message = { role: "assistant", content: text ? text : null };
     else choice.text = text;
     choice.logprobs = this.logprobsBlock(this.entries, 0) ?? null;
-    return { ...this.base(this.chat ? "chat.completion" : "text_completion"), choices: [choice], usage: this.usage(r) };
+    return choice;
   }
+}
+
+/**
+ * usage over the choices of one request, as OpenAI: the prompt counted once, completion tokens
+ * summed over the choices (cached prompt tokens: the first choice's; speculative counts summed).
+ */
+function usageOf(results: readonly GenerationResult[]) {
+  const r0 = results[0]!;
+  const completion = results.reduce((n, r) => n + r.tokens.length, 0);
+  const spec = results.filter((r) => r.speculative).map((r) => r.speculative!);
+  return {
+    prompt_tokens: r0.promptTokens,
+    completion_tokens: completion,
+    total_tokens: r0.promptTokens + completion,
+    prompt_tokens_details: { cached_tokens: r0.cachedTokens },
+    ...(spec.length ? { speculative: speculativeUsage({ drafted: spec.reduce((n, x) => n + x.drafted, 0), accepted: spec.reduce((n, x) => n + x.accepted, 0) }) } : {}),
+  };
 }
 
 function finishReason(r: GenerationResult): string {

@@ -6,16 +6,22 @@ import type { ChatMessage } from "@mlx-bun/models";
 import type { GenerateRequest, SamplingParams } from "@mlx-bun/runtime";
 import { ApiError, badField } from "./errors.ts";
 
-/** Server-wide defaults (mlx_lm.server's --max-tokens, --temp, --top-p, --top-k, --min-p). */
+/** Server-wide defaults (mlx_lm.server's --max-tokens, --temp, --top-p, --top-k, --min-p; XTC is ours). */
 export interface RequestDefaults {
   maxTokens: number;
   temperature: number;
   topP: number;
   topK: number;
   minP: number;
+  /** xtc_probability (default 0 = off) and xtc_threshold (default 0.1), as mlx_lm.server's request defaults. */
+  xtcProbability?: number;
+  xtcThreshold?: number;
 }
 
-export const MLX_LM_SERVER_DEFAULTS: RequestDefaults = { maxTokens: 512, temperature: 0, topP: 1, topK: 0, minP: 0 };
+export const MLX_LM_SERVER_DEFAULTS: RequestDefaults = { maxTokens: 512, temperature: 0, topP: 1, topK: 0, minP: 0, xtcProbability: 0, xtcThreshold: 0.1 };
+
+/** The most choices (`n`) one request may ask for, unless the context says otherwise. */
+export const MAX_CHOICES = 16;
 
 /** What validation needs to know about the served model. */
 export interface ValidationContext {
@@ -24,6 +30,8 @@ export interface ValidationContext {
   vocabSize: number;
   /** Names a request's "model" may use; empty = any name is accepted. */
   modelIds: readonly string[];
+  /** Largest `n` (default MAX_CHOICES). */
+  maxChoices?: number;
 }
 
 export interface ParsedCommon {
@@ -39,6 +47,8 @@ export interface ParsedCommon {
   logprobs: number | undefined;
   /** num_draft_tokens (speculative decoding with the server's --draft-model; 0 = off). */
   numDraftTokens?: number;
+  /** n: choices to generate, each its own request (1..maxChoices). */
+  n: number;
 }
 
 export interface ParsedChat extends ParsedCommon {
@@ -165,9 +175,11 @@ function parseCommon(body: Record<string, unknown>, ctx: ValidationContext, endp
   }
   const penaltyContext = ctxSizes[0]?.[1] ?? 20;
 
-  const xtc = num(body, "xtc_probability", 0, { min: 0, max: 1 });
-  num(body, "xtc_threshold", 0.1, { min: 0, max: 1 });
-  if (xtc > 0) throw unsupported("xtc_probability", "XTC sampling is not supported");
+  // XTC (mlx_lm.server's xtc_probability / xtc_threshold, both in [0, 1]). With XTC on, the
+  // threshold must also be in apply_xtc's [0, 0.5] (mlx_lm.server fails later, while sampling).
+  const xtcProbability = num(body, "xtc_probability", ctx.defaults.xtcProbability ?? 0, { min: 0, max: 1 });
+  const xtcThreshold = num(body, "xtc_threshold", ctx.defaults.xtcThreshold ?? 0.1, { min: 0, max: 1 });
+  if (xtcProbability > 0 && xtcThreshold > 0.5) throw badField("xtc_threshold", `xtc_threshold must be at most 0.5 when xtc_probability > 0, got ${xtcThreshold}`);
   // Speculative decoding uses the server's --draft-model; num_draft_tokens 0 turns it off per request.
   const numDraftTokens = body.num_draft_tokens === undefined || body.num_draft_tokens === null ? undefined : int(body, "num_draft_tokens", 0, { min: 0, max: 64 });
   if (body.draft_model !== undefined && body.draft_model !== null && body.draft_model !== "default_model") {
@@ -177,8 +189,7 @@ function parseCommon(body: Record<string, unknown>, ctx: ValidationContext, endp
     str(body, "adapters");
     throw unsupported("adapters", "adapters are not supported");
   }
-  const n = int(body, "n", 1, { min: 1 });
-  if (n !== 1) throw unsupported("n", "only n=1 is supported");
+  const n = int(body, "n", 1, { min: 1, max: ctx.maxChoices ?? MAX_CHOICES });
 
   let seed: number | undefined;
   if (body.seed !== undefined && body.seed !== null) seed = int(body, "seed", 0);
@@ -232,9 +243,13 @@ function parseCommon(body: Record<string, unknown>, ctx: ValidationContext, endp
     sampling.penaltyContext = penaltyContext;
   }
   if (logitBias) sampling.logitBias = logitBias;
+  if (xtcProbability > 0) {
+    sampling.xtcProbability = xtcProbability;
+    sampling.xtcThreshold = xtcThreshold;
+  }
   if (seed !== undefined) sampling.seed = seed;
 
-  return { model, stream, includeUsage, maxTokens, sampling, stop, logprobs, ...(numDraftTokens !== undefined ? { numDraftTokens } : {}) };
+  return { model, stream, includeUsage, maxTokens, sampling, stop, logprobs, n, ...(numDraftTokens !== undefined ? { numDraftTokens } : {}) };
 }
 
 // ---- /v1/chat/completions --------------------------------------------------------------------
@@ -336,6 +351,7 @@ export function parseCompletionRequest(body: Record<string, unknown>, ctx: Valid
 /**
  * The generation request of a parsed request whose prompt is `promptIds`. A prompt that leaves no
  * room in the context (max_position_embeddings) is a 400; max_tokens is capped to the room left.
+ * For `n` > 1 see choiceRequests.
  */
 export function toGenerateRequest(parsed: ParsedRequest, promptIds: number[], contextLength: number, signal?: AbortSignal): GenerateRequest {
   if (promptIds.length === 0) throw badField(parsed.kind === "chat" ? "messages" : "prompt", "the prompt is empty");
@@ -357,6 +373,18 @@ export function toGenerateRequest(parsed: ParsedRequest, promptIds: number[], co
   if (parsed.numDraftTokens !== undefined) req.numDraftTokens = parsed.numDraftTokens;
   if (signal) req.signal = signal;
   return req;
+}
+
+/**
+ * The requests of the `n` choices: one row each. With a seed, choice i samples with seed + i, so
+ * seeded choices differ from one another and each is reproducible (choice 0 is what n = 1 gives).
+ */
+export function choiceRequests(req: GenerateRequest, n: number): GenerateRequest[] {
+  return Array.from({ length: n }, (_, i) => {
+    if (i === 0) return req;
+    const seed = req.sampling?.seed;
+    return seed === undefined ? { ...req } : { ...req, sampling: { ...req.sampling, seed: seed + i } };
+  });
 }
 
 /**
