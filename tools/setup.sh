@@ -9,7 +9,7 @@ native="$root/.native"
 mkdir -p "$native/bin"
 
 pin() { python3 -c "import json,sys;print(json.load(open('tools/setup/pins.json'))[sys.argv[1]])" "$1"; }
-BUN_V="$(pin bun)"; MLX_V="$(pin mlx)"; MLXLM_V="$(pin mlx-lm)"
+BUN_V="$(pin bun)"; MLX_V="$(pin mlx)"; MLXLM_V="$(pin mlx-lm)"; OPENAI_V="$(pin openai-python)"
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 # 1. Bun, from the npm registry, into .native/bun.
@@ -36,6 +36,8 @@ case "$(uname -s)/$backend" in
   */cuda)   wheels="mlx==$MLX_V mlx-cuda-13==$MLX_V mlx-lm==$MLXLM_V" ;;
   *)        wheels="mlx==$MLX_V mlx-cpu==$MLX_V mlx-lm==$MLXLM_V" ;;
 esac
+# The official OpenAI Python client, for the server tests.
+wheels="$wheels openai==$OPENAI_V"
 venv="$native/venv"
 if [ "$(cat "$venv/.mlxb-stamp" 2>/dev/null || true)" != "$wheels" ]; then
   step "installing $wheels into .native/venv"

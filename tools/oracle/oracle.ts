@@ -26,6 +26,15 @@ export function runPython(args: string[], opts: { cwd?: string; env?: Record<str
   return p.stdout.toString();
 }
 
+/** runPython without blocking the event loop (for a Python client of a server running in this process). */
+export async function runPythonAsync(args: string[], opts: { cwd?: string; env?: Record<string, string> } = {}): Promise<string> {
+  const p = Bun.spawn([oraclePython(), ...args], { cwd: opts.cwd ?? ROOT, env: { ...process.env, ...opts.env }, stdout: "pipe", stderr: "pipe" });
+  const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+  if (code !== 0) throw new Error(`python ${args.join(" ")} failed (${code}):
+${err}`);
+  return out;
+}
+
 /** What the oracle returned: arrays by case id (tuple results as "<id>.<i>") and errors by case id. */
 export interface OracleResult extends Disposable {
   get(id: string): MlxArray;

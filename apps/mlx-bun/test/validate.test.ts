@@ -342,7 +342,7 @@ describe("prompt against the context", () => {
     const ac = new AbortController();
     const q = parseChatRequest(chat({ stop: ["x"], top_logprobs: 2, seed: 1, max_tokens: 5 }), ctx);
     const r = toGenerateRequest(q, [2, 9], 4096, ac.signal);
-    expect(r).toEqual({ promptIds: [2, 9], maxTokens: 5, sampling: q.sampling, stop: ["x"], logprobs: 2, signal: ac.signal });
+    expect(r).toEqual({ promptIds: [2, 9], maxTokens: 5, sampling: q.sampling, stop: ["x"], logprobs: 2, signal: ac.signal, keepSpecialTokens: true });
   });
 });
 

@@ -28,6 +28,7 @@ export {
   samplingProcessors,
   temperedLogits,
 } from "./sampling.ts";
+export { banTokens, maskIds } from "./constraints.ts";
 export { StopMatcher } from "./stop.ts";
 export { EventChannel } from "./stream.ts";
 export { type Pick, Sequence } from "./sequence.ts";

@@ -3,14 +3,16 @@
 // and the web chat at "/" (web.ts).
 import { randomUUID, timingSafeEqual } from "node:crypto";
 import { memory, mlxVersion } from "@mlx-bun/mlx-ffi";
-import type { ChatTemplate, Gemma4Tokenizer } from "@mlx-bun/models";
-import type { GenerateRequest, GenerationEvent, GenerationResult, GenerationStream } from "@mlx-bun/runtime";
-import { chatPromptIds, rawPromptIds } from "../prompt.ts";
+import { type ChatTemplate, GEMMA4_MARKERS, type Gemma4Tokenizer } from "@mlx-bun/models";
+import { banTokens, type GenerateRequest, type GenerationEvent, type GenerationResult, type GenerationStream } from "@mlx-bun/runtime";
+import { chatPromptCheckpoints, chatPromptIds, rawPromptIds } from "../prompt.ts";
 import { VERSION } from "../version.ts";
+import { ChatOutput, type OutputDelta, type OutputToolCall } from "./chat-output.ts";
 import { ApiError } from "./errors.ts";
 import {
   choiceRequests,
   MLX_LM_SERVER_DEFAULTS,
+  type ParsedChat,
   type ParsedRequest,
   parseChatRequest,
   parseCompletionRequest,
@@ -267,6 +269,12 @@ class App {
     }
   }
 
+  /** Where the prompt cache keeps snapshots of a chat prompt (the end of the system messages and of the history). */
+  promptCheckpoints(p: ParsedChat, promptIds: readonly number[]): number[] {
+    const kwargs = { ...this.opts.chatTemplateArgs, ...p.chatTemplateKwargs };
+    return chatPromptCheckpoints(this.opts.model, p.messages, promptIds, { tools: p.tools, kwargs });
+  }
+
   async complete(req: Request, p: ParsedRequest): Promise<Response> {
     const abort = new AbortController();
     const onAbort = () => abort.abort();
@@ -274,9 +282,16 @@ class App {
     const done = () => req.signal.removeEventListener("abort", onAbort);
     // n choices: one request row each, all submitted now so the scheduler batches them.
     const streams: GenerationStream[] = [];
+    let promptIds: number[] = [];
     try {
-      const promptIds = this.promptIds(p);
+      promptIds = this.promptIds(p);
       const greq = toGenerateRequest(p, promptIds, this.contextLength, abort.signal);
+      if (p.kind === "chat") {
+        greq.cacheCheckpoints = this.promptCheckpoints(p, promptIds);
+        const toolCall = this.opts.model.tokenizer.tokenToId(GEMMA4_MARKERS.toolCallStart);
+        // tool_choice "none": the model cannot open a tool call.
+        if (p.toolChoice.type === "none" && toolCall !== undefined) greq.logitsProcessors = [...(greq.logitsProcessors ?? []), banTokens([toolCall])];
+      }
       for (const r of choiceRequests(greq, p.n)) {
         const stream = this.opts.scheduler.submit(r);
         stream.result.then((res) => this.#countSpeculative(res), () => {});
@@ -293,7 +308,7 @@ class App {
       model: p.model,
       system_fingerprint: this.fingerprint,
     };
-    const fmts = streams.map((_, i) => new Formatter(p, meta, this.opts.model.tokenizer, i));
+    const fmts = streams.map((_, i) => new Formatter(p, meta, this.opts.model.tokenizer, i, promptIds));
     if (p.stream) return this.streamResponse(req, fmts, streams, abort, done);
     return await this.wholeResponse(req, fmts, streams, abort, done);
   }
@@ -418,19 +433,27 @@ interface LogprobEntry {
   top_logprobs: { id: number; token: string; logprob: number; bytes: number[] }[];
 }
 
-/** Builds mlx_lm.server / OpenAI response bodies from the generation events of one choice (`index`). */
+/**
+ * Builds mlx_lm.server / OpenAI response bodies from the generation events of one choice (`index`).
+ * Chat text goes through ChatOutput: content, reasoning (`reasoning_content`, and mlx_lm.server's
+ * `reasoning`) and tool calls.
+ */
 class Formatter {
   readonly chat: boolean;
   readonly entries: LogprobEntry[] = [];
+  readonly output: ChatOutput | null;
   text = "";
+  #ended = false;
 
   constructor(
     readonly p: ParsedRequest,
     readonly meta: ResponseMeta,
     readonly tokenizer: Gemma4Tokenizer,
     readonly index = 0,
+    promptIds: readonly number[] = [],
   ) {
     this.chat = p.kind === "chat";
+    this.output = this.chat ? ChatOutput.for(tokenizer, promptIds) : null;
   }
 
   tokenInfo(id: number) {
@@ -452,11 +475,28 @@ class Formatter {
     };
   }
 
-  add(ev: GenerationEvent): LogprobEntry | null {
+  add(ev: GenerationEvent): { entry: LogprobEntry | null; delta: OutputDelta | null } {
     this.text += ev.text;
     const e = this.entry(ev);
     if (e) this.entries.push(e);
-    return e;
+    return { entry: e, delta: this.output && ev.text ? this.output.push(ev.text) : null };
+  }
+
+  /** The rest of the text (a tail the generator settled at the end) and the end of the chat output. */
+  #end(r: GenerationResult): { tail: string; delta: OutputDelta | null } {
+    const tail = r.text.startsWith(this.text) ? r.text.slice(this.text.length) : "";
+    this.text += tail;
+    if (!this.output || this.#ended) return { tail, delta: null };
+    this.#ended = true;
+    const a = this.output.push(tail);
+    const b = this.output.finish();
+    return { tail, delta: { content: a.content + b.content, reasoning: a.reasoning + b.reasoning, toolCalls: [...a.toolCalls, ...b.toolCalls] } };
+  }
+
+  /** "tool_calls" when the turn made calls and stopped by itself, as mlx_lm.server. */
+  #finishReason(r: GenerationResult): string {
+    const f = finishReason(r);
+    return f === "stop" && this.output?.toolCalls.length ? "tool_calls" : f;
   }
 
   logprobsBlock(entries: LogprobEntry[], textOffset0: number) {
@@ -485,16 +525,21 @@ class Formatter {
   /** One streamed chunk for an event, or null when it carries nothing to send. */
   addAndChunk(ev: GenerationEvent): Record<string, unknown> | null {
     const offset = this.text.length;
-    const e = this.add(ev);
-    if (!ev.text && !e) return null;
-    return this.chunk(ev.text, null, e ? [e] : [], offset);
+    const { entry, delta } = this.add(ev);
+    if (!entry && (this.chat ? isEmpty(delta) : !ev.text)) return null;
+    return this.chunk(ev.text, null, entry ? [entry] : [], offset, delta);
   }
 
-  chunk(text: string, finish: string | null, entries: LogprobEntry[], offset: number): Record<string, unknown> {
+  chunk(text: string, finish: string | null, entries: LogprobEntry[], offset: number, out: OutputDelta | null = null): Record<string, unknown> {
     const choice: Record<string, unknown> = { index: this.index, finish_reason: finish };
     if (this.chat) {
       const delta: Record<string, unknown> = { role: "assistant" };
-      if (text) delta.content = text;
+      if (out?.content) delta.content = out.content;
+      if (out?.reasoning) {
+        delta.reasoning_content = out.reasoning;
+        delta.reasoning = out.reasoning;
+      }
+      if (out?.toolCalls.length) delta.tool_calls = out.toolCalls.map((c) => ({ index: c.index, ...openAiToolCall(c) }));
       choice.delta = delta;
     } else choice.text = text;
     const lp = entries.length ? this.logprobsBlock(entries, offset) : undefined;
@@ -504,18 +549,26 @@ class Formatter {
 
   finalChunk(r: GenerationResult): Record<string, unknown> {
     // The generator's events carry all the text; any tail it settled at the end is in result.text.
-    const tail = r.text.startsWith(this.text) ? r.text.slice(this.text.length) : "";
     const offset = this.text.length;
-    this.text += tail;
-    return this.chunk(tail, finishReason(r), [], offset);
+    const { tail, delta } = this.#end(r);
+    return this.chunk(tail, this.#finishReason(r), [], offset, delta);
   }
 
   /** The choice of a whole (non-streamed) response. */
   choice(r: GenerationResult): Record<string, unknown> {
     const text = r.text;
-    const choice: Record<string, unknown> = { index: this.index, finish_reason: finishReason(r) };
-    if (this.chat) choice.message = { role: "assistant", content: text ? text : null };
-    else choice.text = text;
+    this.#end(r);
+    const choice: Record<string, unknown> = { index: this.index, finish_reason: this.#finishReason(r) };
+    if (this.output) {
+      const o = this.output;
+      const message: Record<string, unknown> = { role: "assistant", content: o.content ? o.content : null };
+      if (o.reasoning) {
+        message.reasoning_content = o.reasoning;
+        message.reasoning = o.reasoning;
+      }
+      if (o.toolCalls.length) message.tool_calls = o.toolCalls.map(openAiToolCall);
+      choice.message = message;
+    } else choice.text = text;
     choice.logprobs = this.logprobsBlock(this.entries, 0) ?? null;
     return choice;
   }
@@ -536,6 +589,15 @@ function usageOf(results: readonly GenerationResult[]) {
     prompt_tokens_details: { cached_tokens: r0.cachedTokens },
     ...(spec.length ? { speculative: speculativeUsage({ drafted: spec.reduce((n, x) => n + x.drafted, 0), accepted: spec.reduce((n, x) => n + x.accepted, 0) }) } : {}),
   };
+}
+
+function isEmpty(d: OutputDelta | null): boolean {
+  return !d || (!d.content && !d.reasoning && !d.toolCalls.length);
+}
+
+/** OpenAI's tool call: arguments as a JSON string. */
+function openAiToolCall(c: OutputToolCall) {
+  return { id: c.id, type: "function", function: { name: c.call.name, arguments: JSON.stringify(c.call.arguments) } };
 }
 
 function finishReason(r: GenerationResult): string {

@@ -59,6 +59,43 @@ export interface ParsedChat extends ParsedCommon {
   chatTemplateKwargs: Record<string, unknown> | null;
   /** mlx_lm.server's role_mapping, used only for a model without a chat template. */
   roleMapping: Record<string, string> | null;
+  /** tool_choice: "auto" (default with tools), "none", "required", or one named function. */
+  toolChoice: ToolChoice;
+}
+
+/** OpenAI's tool_choice. */
+export type ToolChoice = { type: "auto" } | { type: "none" } | { type: "required" } | { type: "function"; name: string };
+
+/** The function names declared in `tools` (OpenAI's {type: "function", function: {name}}). */
+export function toolNames(tools: readonly unknown[] | null): string[] {
+  return (tools ?? []).flatMap((t) => {
+    const fn = isObject(t) && isObject(t.function) ? t.function : isObject(t) ? t : null;
+    return fn && typeof fn.name === "string" ? [fn.name] : [];
+  });
+}
+
+function parseToolChoice(v: unknown, tools: unknown[] | null): ToolChoice {
+  if (v === undefined || v === null || v === "auto") return { type: "auto" };
+  if (v === "none") return { type: "none" };
+  const names = toolNames(tools);
+  if (v === "required") {
+    if (!names.length) throw badField("tool_choice", 'tool_choice "required" needs at least one function in tools');
+    return { type: "required" };
+  }
+  if (isObject(v) && v.type === "function" && isObject(v.function) && typeof v.function.name === "string") {
+    const name = v.function.name;
+    if (!names.includes(name)) throw badField("tool_choice", `tool_choice names the function '${name}', which is not in tools (${names.map((n) => `'${n}'`).join(", ") || "none"})`);
+    return { type: "function", name };
+  }
+  throw badField("tool_choice", 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', typeof v === "string" ? "invalid_value" : "invalid_type");
+}
+
+/** OpenAI's reasoning_effort → Gemma 4's enable_thinking ("none" turns thinking off; the template has no effort levels). */
+function reasoningEffort(v: unknown): boolean | undefined {
+  if (v === undefined || v === null) return undefined;
+  const levels = ["none", "minimal", "low", "medium", "high"];
+  if (typeof v !== "string" || !levels.includes(v)) throw badField("reasoning_effort", `reasoning_effort must be one of ${levels.map((l) => `"${l}"`).join(", ")}`, typeof v === "string" ? "invalid_value" : "invalid_type");
+  return v !== "none";
 }
 
 export interface ParsedCompletion extends ParsedCommon {
@@ -312,14 +349,18 @@ export function parseChatRequest(body: Record<string, unknown>, ctx: ValidationC
     });
     tools = t.length ? t : null;
   } else if (t !== undefined && t !== null) throw badField("tools", `tools must be a list, got ${typeName(t)}`, "invalid_type");
-  const chatTemplateKwargs = obj(body, "chat_template_kwargs");
+  const toolChoice = parseToolChoice(body.tool_choice, tools);
+  let chatTemplateKwargs = obj(body, "chat_template_kwargs");
+  // reasoning_effort sets enable_thinking unless chat_template_kwargs sets it itself.
+  const thinking = reasoningEffort(body.reasoning_effort);
+  if (thinking !== undefined && chatTemplateKwargs?.enable_thinking === undefined) chatTemplateKwargs = { ...chatTemplateKwargs, enable_thinking: thinking };
   const rm = obj(body, "role_mapping");
   let roleMapping: Record<string, string> | null = null;
   if (rm) {
     for (const [k, v] of Object.entries(rm)) if (typeof v !== "string") throw badField("role_mapping", `role_mapping.${k} must be a string`, "invalid_type");
     roleMapping = rm as Record<string, string>;
   }
-  return { kind: "chat", ...common, messages, tools, chatTemplateKwargs, roleMapping };
+  return { kind: "chat", ...common, messages, tools, chatTemplateKwargs, roleMapping, toolChoice };
 }
 
 // ---- /v1/completions -------------------------------------------------------------------------
@@ -369,6 +410,8 @@ export function toGenerateRequest(parsed: ParsedRequest, promptIds: number[], co
     sampling: parsed.sampling,
     stop: parsed.stop,
   };
+  // Special tokens stay in the text, as mlx_lm.server's: Gemma 4's tool-call and thinking delimiters are special tokens.
+  req.keepSpecialTokens = true;
   if (parsed.logprobs !== undefined) req.logprobs = parsed.logprobs;
   if (parsed.numDraftTokens !== undefined) req.numDraftTokens = parsed.numDraftTokens;
   if (signal) req.signal = signal;

@@ -1,0 +1,76 @@
+// A chat turn's output split as the endpoints return it: content, reasoning and tool calls, from
+// the generated text with its special tokens (Gemma4OutputParser). Protocol-neutral: the OpenAI
+// chat, Anthropic Messages and Responses formatters read the same deltas.
+import { randomUUID } from "node:crypto";
+import { GEMMA4_MARKERS, type Gemma4OutputEvent, Gemma4OutputParser, type Gemma4Tokenizer, type ToolCall } from "@mlx-bun/models";
+
+/** A tool call as the endpoints return it: its place in the turn, an id, the parsed call. */
+export interface OutputToolCall {
+  index: number;
+  id: string;
+  call: ToolCall;
+}
+
+/** What one piece of generated text adds to the turn. */
+export interface OutputDelta {
+  content: string;
+  reasoning: string;
+  toolCalls: OutputToolCall[];
+}
+
+/** Whether the vocabulary has Gemma 4's tool-call and thinking delimiters. */
+export function hasGemma4Markers(tok: Gemma4Tokenizer): boolean {
+  return [GEMMA4_MARKERS.toolCallStart, GEMMA4_MARKERS.toolCallEnd, "<|channel>", GEMMA4_MARKERS.thoughtEnd].every((t) => tok.tokenToId(t) !== undefined);
+}
+
+/**
+ * Where the model starts: inside the thinking channel when the prompt opened it and did not
+ * close it (mlx_lm.server's initial state), else in content.
+ */
+export function initialOutputState(tok: Gemma4Tokenizer, promptIds: readonly number[]): "content" | "reasoning" {
+  const open = tok.tokenToId("<|channel>");
+  const close = tok.tokenToId(GEMMA4_MARKERS.thoughtEnd);
+  if (open === undefined || close === undefined) return "content";
+  return promptIds.lastIndexOf(open) > promptIds.lastIndexOf(close) ? "reasoning" : "content";
+}
+
+export class ChatOutput {
+  readonly #parser: Gemma4OutputParser | null;
+  content = "";
+  reasoning = "";
+  readonly toolCalls: OutputToolCall[] = [];
+
+  /** `parser` null: the text is all content (a model without Gemma 4's delimiters). */
+  constructor(parser: Gemma4OutputParser | null) {
+    this.#parser = parser;
+  }
+
+  static for(tok: Gemma4Tokenizer, promptIds: readonly number[]): ChatOutput {
+    return new ChatOutput(hasGemma4Markers(tok) ? new Gemma4OutputParser({ initialState: initialOutputState(tok, promptIds) }) : null);
+  }
+
+  push(text: string): OutputDelta {
+    if (!this.#parser) return this.#take([{ type: "content", text }]);
+    return this.#take(this.#parser.push(text));
+  }
+
+  /** The end of the turn: text the parser held back, a tool call the output ended in. */
+  finish(): OutputDelta {
+    return this.#take(this.#parser ? this.#parser.finish() : []);
+  }
+
+  #take(events: readonly Gemma4OutputEvent[]): OutputDelta {
+    const d: OutputDelta = { content: "", reasoning: "", toolCalls: [] };
+    for (const e of events) {
+      if (e.type === "content") d.content += e.text;
+      else if (e.type === "reasoning") d.reasoning += e.text;
+      else if (e.type === "tool_call") d.toolCalls.push({ index: this.toolCalls.length + d.toolCalls.length, id: `call_${randomUUID().replaceAll("-", "")}`, call: e.call });
+      // A section that holds no valid call stays visible as text (mlx_lm.server drops it silently).
+      else d.content += `${GEMMA4_MARKERS.toolCallStart}${e.text}${GEMMA4_MARKERS.toolCallEnd}`;
+    }
+    this.content += d.content;
+    this.reasoning += d.reasoning;
+    this.toolCalls.push(...d.toolCalls);
+    return d;
+  }
+}
