@@ -40,7 +40,10 @@ export function disposePick(p: Pick): void {
 export interface RunnerOptions {
   /** Background evaluation (rows whose sampling reads the host history run plain steps). */
   background: boolean;
-  /** Record the ids of tokens fed but not accepted when a row ends (the prompt cache keys its entry by what the caches hold). */
+  /**
+   * The caches go to the prompt cache when rows end: feed every row's last token too, and record
+   * the ids of tokens fed but not accepted (the entry is keyed by what the caches hold).
+   */
   trackFed?: boolean;
 }
 
@@ -124,8 +127,9 @@ export class DecodeRunner {
    * the pipeline and sample once token t is read (as vLLM applies grammar bitmasks).
    */
   async #stepPlain(rows: readonly Row[], caches: Cache[]): Promise<void> {
-    // Every row's unread token is its last (max_tokens): read without building another step.
-    const last = rows.every((r) => r.next && r.seq.generated.length + 1 >= r.seq.req.maxTokens);
+    // Every row's unread token is its last (max_tokens): read without building another step, unless
+    // the caches go to the prompt cache (then they hold that token too, as mlx-lm's batch caches do).
+    const last = !this.trackFed && rows.every((r) => r.next && r.seq.generated.length + 1 >= r.seq.req.maxTokens);
     const picks: (Pick | null)[] = [];
     const deferred: (MlxArray | null)[] = [];
     try {
@@ -167,7 +171,9 @@ export class DecodeRunner {
    */
   #stepInBackground(rows: readonly Row[], caches: Cache[]): void {
     const unread = (r: Row) => (r.prev ? 1 : 0) + (r.next ? 1 : 0);
-    const build = rows.some((r) => r.seq.generated.length + unread(r) < r.seq.req.maxTokens);
+    // With trackFed, one step past the last token feeds it to the caches (see #stepPlain).
+    const extra = this.trackFed ? 1 : 0;
+    const build = rows.some((r) => r.seq.generated.length + unread(r) < r.seq.req.maxTokens + extra);
     const picks: (Pick | null)[] = [];
     try {
       if (build) this.#build(rows, caches, picks);
