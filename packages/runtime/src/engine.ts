@@ -7,7 +7,8 @@ import type { Cache } from "@mlx-bun/kv-cache";
 import { type KvMode, kvModeName, type LoadedModel, loadModel, parseKvMode } from "@mlx-bun/models";
 import { prefillChunk } from "./batch-prefill.ts";
 import type { StepModel } from "./distributed.ts";
-import { Scheduler, type SubmitOptions } from "./scheduler.ts";
+import type { GenerationEngine, PrefillProgress, RunOptions } from "./engine-contract.ts";
+import { Scheduler } from "./scheduler.ts";
 import type { GenerateRequest, GenerationStream } from "./types.ts";
 
 export interface EngineOptions {
@@ -27,13 +28,8 @@ export interface EngineOptions {
   backgroundEval?: boolean;
 }
 
-/** Progress of a long prefill: tokens done of total. */
-export type PrefillProgress = (done: number, total: number) => void;
 
-/** Options of one generate call beyond the request itself (its prefill progress). */
-export type RunOptions = SubmitOptions;
-
-export class Engine implements Disposable {
+export class Engine implements GenerationEngine, Disposable {
   readonly kvMode: KvMode;
   readonly prefillStep: number;
   readonly maxKvSize: number | undefined;

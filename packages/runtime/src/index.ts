@@ -14,7 +14,8 @@ export type {
   SpeculativeStats,
   TopLogprob,
 } from "./types.ts";
-export { Engine, type EngineOptions, type PrefillProgress, type RunOptions } from "./engine.ts";
+export { Engine, type EngineOptions } from "./engine.ts";
+export type { GenerationEngine, PrefillProgress, RunOptions } from "./engine-contract.ts";
 export { RequestError, type RequestLimits, validateRequest } from "./request.ts";
 export { Mutex, yieldToEventLoop } from "./async.ts";
 export {

@@ -9,7 +9,7 @@ import { asBatchCache, type Cache, mergeRows, takeBatchRows } from "@mlx-bun/kv-
 import { codecFor } from "@mlx-bun/models";
 import { yieldToEventLoop } from "./async.ts";
 import { prefillChunk } from "./batch-prefill.ts";
-import type { Engine, PrefillProgress } from "./engine.ts";
+import type { GenerationEngine, PrefillProgress, RunOptions } from "./engine-contract.ts";
 import type { PromptCache } from "./prompt-cache.ts";
 import { RequestError, validateRequest } from "./request.ts";
 import { DecodeRunner, Row } from "./runner.ts";
@@ -48,11 +48,8 @@ export interface SchedulerStats {
   decodeSteps: number;
 }
 
-/** Options of one submitted request beyond the request itself. */
-export interface SubmitOptions {
-  /** Progress of its prefill: prompt tokens fed of those not served by the prompt cache. */
-  onPrefill?: PrefillProgress;
-}
+/** Options of one submitted request beyond the request itself (its prefill progress). */
+export type SubmitOptions = RunOptions;
 
 /**
  * Requests being prefilled together: their caches (batched, or one row's single-sequence caches
@@ -106,7 +103,7 @@ export class Scheduler {
   #signatures: string[] | undefined;
 
   constructor(
-    readonly engine: Engine,
+    readonly engine: GenerationEngine,
     opts: SchedulerOptions = {},
   ) {
     this.maxBatch = opts.maxBatch ?? 16;

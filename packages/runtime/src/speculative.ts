@@ -6,7 +6,7 @@ import { asyncEval, evaluate, memory, MlxArray, MlxError } from "@mlx-bun/mlx-ff
 import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, type CacheState, KVCache, RotatingKVCache } from "@mlx-bun/kv-cache";
 import { Mutex, yieldToEventLoop } from "./async.ts";
-import type { Engine, PrefillProgress } from "./engine.ts";
+import type { GenerationEngine, PrefillProgress } from "./engine-contract.ts";
 import { RequestError, validateRequest } from "./request.ts";
 import { KeyStream, logSoftmax } from "./sampling.ts";
 import { Sequence } from "./sequence.ts";
@@ -27,8 +27,8 @@ export class SpeculativeDecoder {
   readonly #lock = new Mutex();
 
   constructor(
-    readonly target: Engine,
-    readonly draft: Engine,
+    readonly target: GenerationEngine,
+    readonly draft: GenerationEngine,
     opts: SpeculativeOptions = {},
   ) {
     this.numDraftTokens = checkDraftTokens(opts.numDraftTokens ?? DEFAULT_NUM_DRAFT_TOKENS, "numDraftTokens");

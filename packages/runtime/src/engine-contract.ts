@@ -1,0 +1,29 @@
+// What the scheduler and the speculative decoder need of an engine (an Engine implements it), so
+// they depend on this contract, not on the Engine that is built on them.
+import type { Cache } from "@mlx-bun/kv-cache";
+import type { KvMode, LoadedModel } from "@mlx-bun/models";
+import type { PrefillModel } from "./batch-prefill.ts";
+import type { RequestLimits } from "./request.ts";
+import type { GenerateRequest, GenerationStream } from "./types.ts";
+
+/** Progress of a long prefill: tokens done of total. */
+export type PrefillProgress = (done: number, total: number) => void;
+
+/** Options of one generate call beyond the request itself. */
+export interface RunOptions {
+  /** Progress of its prefill: prompt tokens fed of those not served by the prompt cache. */
+  onPrefill?: PrefillProgress;
+}
+
+export interface GenerationEngine extends RequestLimits, PrefillModel {
+  readonly loaded: LoadedModel;
+  readonly kvMode: KvMode;
+  /** Decode steps are encoded on a native worker (docs/background-eval.md). */
+  readonly backgroundEval: boolean;
+  makeCaches(): Cache[];
+  /** Feed all but the last `keep` of `ids` into `caches` in prefillStep chunks; returns the ids not fed. */
+  prefill(ids: readonly number[], caches: Cache[], keep?: number, onProgress?: PrefillProgress): number[];
+  /** One request alone (queued FIFO behind others). */
+  generate(req: GenerateRequest, run?: RunOptions): GenerationStream;
+  dispose(): void;
+}
