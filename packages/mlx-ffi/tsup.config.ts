@@ -1,3 +1,4 @@
 import { packageBuildConfig } from "../../tools/tsup.shared.ts";
 
-export default packageBuildConfig([]);
+// Two entries: the library, and the source-build fallback (bin mlx-bun-build-native).
+export default { ...packageBuildConfig([]), entry: ["src/index.ts", "src/build-native.ts"] };

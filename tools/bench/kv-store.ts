@@ -128,7 +128,7 @@ for (const kv of KVS) {
       t0 = performance.now();
       const loaded = loadPromptCache(file, { fingerprint: lm.fingerprint, makeCaches: make });
       t.restore.push(ms(t0));
-      const first = feed(loaded.caches, loaded.tokens.slice(loaded.offset));
+      const first = feed(loaded.caches, loaded.tokens!.slice(loaded.offset));
       t.warmFirst.push(ms(t0));
       mapped = `${loaded.mapped}/${loaded.tensors}`;
       first.dispose();

@@ -224,7 +224,68 @@ class DecodeCase:
         self.label, self.launch, self.p, self.qs, self.keys, self.values, self.mask, self.dt = label, launch, p, qs, keys, values, mask, dt
 
 
-CASES = {"mlxb_geglu": geglu_cases, "mlxb_turbo_values": turbo_values_cases}
+# ----------------------------------------------------------------------------- qmv
+# Mirrors packages/mlx-ops/src/kernels/qmv.ts (qmv_config, qmv_launch_of).
+QMV_WPB = 4
+
+
+def qmv_config(m, n, k, bits):
+    mb = 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8 if m <= 8 else 16
+    rpw = 4 if mb <= 4 else 2
+    chunks = k // (128 // bits)
+    split = 4 if chunks >= 96 else 2 if chunks >= 48 else 1
+    return mb, rpw, split
+
+
+def qmv_launch(m, n, k, bits, gs, dt, mb, rpw, split):
+    blocks = -(-n // (rpw * (QMV_WPB // split)))
+    return dict(grid=(blocks * QMV_WPB * 32, -(-m // mb), 1), threadgroup=(QMV_WPB * 32, 1, 1),
+                template=[("T", dt), ("BITS", bits), ("GS", gs), ("K", k), ("N", n), ("MB", mb), ("RPW", rpw), ("SPLIT", split)])
+
+
+def qmv_inputs(lead, n, k, bits, gs, dt, seed):
+    mx.random.seed(seed)
+    x = mx.random.normal((*lead, k)).astype(dt)
+    w = mx.random.normal((n, k)) * (1.0 / math.sqrt(k))
+    wq, scales, biases = mx.quantize(w.astype(dt), group_size=gs, bits=bits)
+    return x, wq, scales, biases
+
+
+def qmv_ref(x, wq, scales, biases, gs, bits, dt):
+    f = mx.float32
+    return mx.quantized_matmul(x.astype(f), wq, scales.astype(f), biases.astype(f), transpose=True,
+                               group_size=gs, bits=bits).astype(dt)
+
+
+# (x leading shape, N, K, bits, group, forced (MB, RPW, SPLIT) or None for the heuristic): every
+# MB bucket, RPW 1/2/4/8, SPLIT 1/2/4, ragged N (not a multiple of a block's rows), M not a
+# multiple of MB and M > 16 (several blocks along y), chunks per lane from 1 to several.
+QMV_SHAPES = [
+    ((1,), 100, 256, 4, 64, None), ((1, 1), 37, 512, 4, 32, None), ((2,), 64, 1024, 4, 128, None),
+    ((3,), 50, 256, 8, 32, None), ((1, 4), 33, 512, 8, 64, None), ((7,), 40, 256, 4, 64, None),
+    ((2, 5), 19, 384, 4, 128, None), ((16,), 24, 256, 8, 128, None), ((37,), 10, 256, 4, 64, None),
+    ((1,), 70, 4096, 4, 64, (1, 4, 4)), ((1,), 45, 2048, 8, 64, (1, 2, 2)), ((3,), 30, 1024, 4, 32, (4, 1, 4)),
+    ((1,), 81, 512, 4, 64, (1, 8, 1)), ((5,), 26, 1024, 8, 32, (8, 2, 4)),
+]
+
+
+def qmv_cases():
+    for i, (lead, n, k, bits, gs, forced) in enumerate(QMV_SHAPES):
+        m = math.prod(lead)
+        for dt in (mx.bfloat16, mx.float16, mx.float32):
+            if dt == mx.float32 and i % 3:
+                continue
+            x, wq, scales, biases = qmv_inputs(lead, n, k, bits, gs, dt, i)
+            cfg = forced or qmv_config(m, n, k, bits)
+            ref = qmv_ref(x, wq, scales, biases, gs, bits, dt)
+            atol = 1e-5 * max(1.0, mx.max(mx.abs(ref.astype(mx.float32))).item())
+            yield (f"{dt} x{lead} N{n} K{k} {bits}-bit g{gs} (MB, RPW, SPLIT) = {cfg}",
+                   dict(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[dt],
+                        **qmv_launch(m, n, k, bits, gs, dt, *cfg)),
+                   [ref], [(atol, TOL[dt][1])])
+
+
+CASES = {"mlxb_geglu": geglu_cases, "mlxb_turbo_values": turbo_values_cases, "mlxb_qmv": qmv_cases}
 DECODE = {"mlxb_affine_decode_partials": affine_cases, "mlxb_turbo_decode_partials": turbo_cases}
 
 
@@ -270,11 +331,13 @@ class Emulated:
                     args.append(f"in[{i}].{field}")
         for j, d in enumerate(out_dtypes):
             args.append(f"reinterpret_cast<{CUDA_TYPES[d]}*>(out[{j}].data())")
+        header = self.spec["cuda"].get("header") or ""
         code = f"""#include "cuda_emu.h"
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <string>
+{header}
 namespace mlx::core::cu {{
 namespace cg = cooperative_groups;
 __global__ void kernel({", ".join(params)}) {{

@@ -68,6 +68,35 @@ struct __half {
   operator float() const { return (float)v; }
 };
 
+// Vector types and the few bit intrinsics the quantized matvec (mlxb_qmv) uses.
+struct alignas(16) uint4 {
+  unsigned int x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned int x, y;
+};
+/** __byte_perm(x, y, s): byte i of the result is byte ((s >> 4i) & 7) of the 8 bytes {x, y}. */
+inline unsigned int __byte_perm(unsigned int x, unsigned int y, unsigned int s) {
+  const uint64_t v = (uint64_t)x | ((uint64_t)y << 32);
+  unsigned int r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned int)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return r;
+}
+inline float __uint_as_float(unsigned int u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline unsigned int __float_as_uint(float f) {
+  unsigned int u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+
 struct dim3 {
   unsigned int x = 1, y = 1, z = 1;
 };
@@ -123,6 +152,7 @@ inline grid_group this_grid() { return {}; }
 }  // namespace cooperative_groups
 
 using ::fmaxf;
+using ::fmaf;
 using ::expf;
 using ::tanhf;
 

@@ -2,13 +2,14 @@
 // to a JSON file, so a GPU machine without Bun can try them through Python MLX:
 //   bun tools/kernels/export-sources.ts out.json && python tools/kernels/check_cuda_kernels.py out.json
 import { geglu_kernel } from "../../packages/mlx-ops/src/kernels/geglu.ts";
+import { qmv_kernel } from "../../packages/mlx-ops/src/kernels/qmv.ts";
 import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-decode.ts";
 import { decodeCombineKernel } from "../../packages/kv-cache/src/kernels/decode-combine.ts";
 import { turboDecodeKernel } from "../../packages/kv-cache/src/kernels/turbo-decode.ts";
 import { turboValuesKernel } from "../../packages/kv-cache/src/kernels/turbo-values.ts";
 
 const out = process.argv[2] ?? "kernel-sources.json";
-const kernels = [geglu_kernel, turboValuesKernel, affineDecodeKernel, turboDecodeKernel, decodeCombineKernel].map(({ spec }) => ({
+const kernels = [geglu_kernel, qmv_kernel, turboValuesKernel, affineDecodeKernel, turboDecodeKernel, decodeCombineKernel].map(({ spec }) => ({
   name: spec.name,
   input_names: spec.input_names,
   output_names: spec.output_names,

@@ -1,15 +1,13 @@
 // --model: a local checkpoint directory, a Hugging Face repo id (downloaded into the cache), or
-// nothing (the bundled tiny model that tools/setup.sh makes).
+// nothing (the bundled tiny model: @mlx-bun/tiny-model, which in the repository is the one
+// tools/setup.sh makes).
 import { existsSync, statSync } from "node:fs";
 import { join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
+import { tinyModelDir as bundledTinyModelDir } from "@mlx-bun/tiny-model";
 import { type DownloadOptions, downloadModel, isRepoId } from "./hub.ts";
 
-/** The repository root (apps/mlx-bun/src → ../../..). */
-export const REPO_ROOT = fileURLToPath(new URL("../../..", import.meta.url));
-
-/** Where tools/setup.sh writes the bundled tiny model ($MLX_BUN_TINY_MODEL_DIR overrides it). */
-export const TINY_MODEL_DIR = join(REPO_ROOT, ".native", "models", "tiny-gemma4");
+/** The bundled tiny model ($MLX_BUN_TINY_MODEL_DIR overrides it). */
+export const TINY_MODEL_DIR = bundledTinyModelDir;
 
 function tinyModelDir(): string {
   return process.env.MLX_BUN_TINY_MODEL_DIR || TINY_MODEL_DIR;
@@ -34,7 +32,8 @@ export async function resolveModel(model: string | undefined, dl: DownloadOption
     if (!existsSync(join(tiny, "config.json"))) {
       throw new ModelNotFoundError(
         `no --model given and the bundled tiny model is missing (${tiny}).\n` +
-          "  Run `bash tools/setup.sh` to create it, or pass --model <dir | owner/repo>.",
+          "  In the repository, run `bash tools/setup.sh` to create it; an installed mlx-bun ships it in @mlx-bun/tiny-model.\n" +
+          "  Or pass --model <dir | owner/repo>.",
       );
     }
     return { dir: tiny, id: "tiny-gemma4", source: "bundled" };

@@ -16,6 +16,8 @@ export interface ChatPromptOptions {
   kwargs?: Record<string, unknown> | null;
   /** mlx_lm.server's role_mapping for a model without a chat template. */
   roleMapping?: Record<string, string> | null;
+  /** Time budget of each template render (ms; default the template's own): a TemplateTimeoutError beyond it. */
+  timeoutMs?: number;
 }
 
 /**
@@ -47,6 +49,7 @@ export function chatPromptIds(m: PromptModel, messages: readonly ChatMessage[], 
     addGenerationPrompt: true,
     tools: opts.tools ?? null,
     kwargs: templateKwargs(m.tokenizer, opts.kwargs),
+    ...(opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {}),
   });
 }
 
@@ -59,7 +62,12 @@ export function chatPromptIds(m: PromptModel, messages: readonly ChatMessage[], 
 export function chatPromptCheckpoints(m: PromptModel, messages: readonly ChatMessage[], promptIds: readonly number[], opts: ChatPromptOptions = {}): number[] {
   if (!m.template || messages.length === 0) return [];
   const render = (msgs: readonly ChatMessage[]): number[] =>
-    m.template!.apply(m.tokenizer, msgs, { addGenerationPrompt: false, tools: opts.tools ?? null, kwargs: templateKwargs(m.tokenizer, opts.kwargs) });
+    m.template!.apply(m.tokenizer, msgs, {
+      addGenerationPrompt: false,
+      tools: opts.tools ?? null,
+      kwargs: templateKwargs(m.tokenizer, opts.kwargs),
+      ...(opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {}),
+    });
   const out = new Set<number>();
   const shared = (ids: readonly number[]): number => {
     let i = 0;

@@ -7,7 +7,8 @@ import { disposeAll } from "./planes.ts";
 import { fail } from "./types.ts";
 import type { KvCodec } from "./codec.ts";
 
-function convert(source: KVCache, codec: KvCodec, what: string): KVCache {
+/** Convert a plain KVCache to `codec` (consumes the source); `what` names the caller in errors. */
+export function convert(source: KVCache, codec: KvCodec, what: string): KVCache {
   if (source.codec !== plainCodec) fail(`${what}: the source must be a plain (bf16/fp16/fp32) KVCache, got ${source.signature()}`);
   const out = new KVCache(codec);
   const planes = source.planes;

@@ -20,6 +20,7 @@ export { KVCache, makeState } from "./growable.ts";
 export { RotatingKVCache } from "./rotating.ts";
 export { createCausalMask, linearMask } from "./mask.ts";
 export { toAffine, toTurboQuant } from "./convert.ts";
+export { QuantizeAfterKVCache } from "./quantize-after.ts";
 export { asBatchCache, type BatchCache, isBatchCache, type PrepareOptions } from "./batch-cache.ts";
 export { BatchKVCache } from "./batch.ts";
 export { mergeBatch, mergeRows, takeBatchRows } from "./batch-merge.ts";

@@ -29,6 +29,8 @@ export {
   lib,
   libraryCandidates,
   openLibrary,
+  prebuiltCandidates,
+  prebuiltPackages,
   resolveLibraryPath,
 } from "./library.ts";
 export {

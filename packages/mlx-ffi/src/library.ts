@@ -1,6 +1,7 @@
 // Finds and opens the native library (libmlxb) and declares its core symbols.
 import { dlopen, FFIType, suffix, type Pointer } from "bun:ffi";
 import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -14,16 +15,60 @@ export class NativeLibraryError extends Error {
   override name = "NativeLibraryError";
 }
 
-/** Candidate paths, in order: $MLX_BUN_NATIVE, beside the executable, the set-up's build output. */
+/** This package's root (src/ and dist/ both sit beside native/). */
+const PACKAGE_ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
+
+/**
+ * The prebuilt packages for a platform, in the order they are tried: on Linux x64 the CUDA 13
+ * package first (installed only on request, never as an optional dependency) unless
+ * MLX_BUN_BACKEND=cpu, then the CPU one; macOS arm64 has the Metal package.
+ */
+export function prebuiltPackages(platform: string = process.platform, arch: string = process.arch, backend = process.env.MLX_BUN_BACKEND): string[] {
+  const base = `@mlx-bun/native-${platform}-${arch}`;
+  if (platform === "linux" && arch === "x64" && backend !== "cpu") return [`${base}-cuda13`, base];
+  return [base];
+}
+
+/** The library inside each installed prebuilt package for this platform (not installed: left out). */
+export function prebuiltCandidates(): string[] {
+  const req = createRequire(import.meta.url);
+  const out: string[] = [];
+  for (const name of prebuiltPackages()) {
+    try {
+      out.push(join(dirname(req.resolve(`${name}/package.json`)), `libmlxb.${suffix}`));
+    } catch {
+      // not installed (an optional dependency for another platform, or the CUDA package not asked for)
+    }
+  }
+  return out;
+}
+
+/**
+ * Candidate paths, in order: $MLX_BUN_NATIVE, the prebuilt package for this platform
+ * (@mlx-bun/native-*), beside the executable, this package's source build (native/build: the
+ * repository's set-up, or `mlx-bun-build-native` in an installed package).
+ */
 export function libraryCandidates(): string[] {
   const file = `libmlxb.${suffix}`;
   const out: string[] = [];
   const env = process.env.MLX_BUN_NATIVE;
   if (env) out.push(env);
+  out.push(...prebuiltCandidates());
   out.push(join(dirname(process.execPath), file));
-  // src/ and dist/ both sit beside native/.
-  out.push(join(dirname(fileURLToPath(import.meta.url)), "..", "native", "build", file));
+  out.push(join(PACKAGE_ROOT, "native", "build", file));
   return out;
+}
+
+/** What to do when no library is found: install the prebuilt package, or build from source. */
+function notFoundHint(): string {
+  const plat = `${process.platform}-${process.arch}`;
+  const pkg = prebuiltPackages(process.platform, process.arch, "cpu")[0];
+  const published = ["linux-x64", "linux-arm64", "darwin-arm64"].includes(plat);
+  const prebuilt = published
+    ? `the prebuilt ${pkg} (an optional dependency of @mlx-bun/mlx-ffi) is not installed: reinstall without --omit=optional / --no-optional, or \`bun add ${pkg}\``
+    : `no prebuilt package exists for ${plat}${process.platform === "linux" ? " (glibc Linux x64/arm64 only)" : ""}`;
+  const build = `build it from source: \`bun ${join(PACKAGE_ROOT, "dist", "build-native.js")}\` (needs cmake >= 3.24, a C++20 compiler and MLX 0.32 with its headers: \`pip install mlx-cpu\` or \`brew install mlx\`)`;
+  return `${prebuilt}; or ${build}; in the mlx-bun repository, ${SETUP_HINT}`;
 }
 
 /** The path of the native library that will be (or was) opened. */
@@ -35,9 +80,7 @@ export function resolveLibraryPath(): string {
   }
   const found = candidates.find((p) => existsSync(p));
   if (!found) {
-    throw new NativeLibraryError(
-      `mlx-bun native library not found (looked in: ${candidates.join(", ")}); ${SETUP_HINT}`,
-    );
+    throw new NativeLibraryError(`mlx-bun native library not found (looked in: ${candidates.join(", ")}); ${notFoundHint()}`);
   }
   return found;
 }
@@ -122,7 +165,10 @@ export function openLibrary<S extends Record<string, { args: readonly FFIType[];
     return dlopen(path, symbols).symbols;
   } catch (e) {
     const msg = e instanceof Error ? e.message : String(e);
-    throw new NativeLibraryError(`could not load ${path}: ${msg}; if MLX (libmlx) is missing or moved, ${SETUP_HINT}`);
+    const cuda = /native-linux-x64-cuda13/.test(path)
+      ? "; the CUDA 13 package needs CUDA 13's libraries (cuBLAS, cuDNN 9, NCCL, cuFFT, cuSOLVER, NVRTC) on the loader path (LD_LIBRARY_PATH), or MLX_BUN_BACKEND=cpu for the CPU package"
+      : "";
+    throw new NativeLibraryError(`could not load ${path}: ${msg}${cuda}; if MLX (libmlx) is missing or moved, ${SETUP_HINT}`);
   }
 }
 

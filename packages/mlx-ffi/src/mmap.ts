@@ -93,6 +93,11 @@ export interface MappableSaveOptions {
   pageAlign?: number;
   /** Default 1 MiB. */
   pageFrom?: number;
+  /**
+   * Name prefix of the padding tensors (default `PAD_PREFIX`); e.g. one under a key a reader's
+   * tree of tensor names ignores. Tensors may not use it.
+   */
+  padPrefix?: string;
 }
 
 /** What `saveMappableSafetensors` wrote. */
@@ -141,6 +146,7 @@ export function saveMappableSafetensors(
   const align = opts.align ?? 64;
   const pageAlign = opts.pageAlign ?? 16384;
   const pageFrom = opts.pageFrom ?? 1 << 20;
+  const padPrefix = opts.padPrefix ?? PAD_PREFIX;
   if (align % 8 !== 0 || pageAlign % align !== 0) throw new MlxError(`saveMappableSafetensors ${path}: align must be a multiple of 8 dividing pageAlign`);
   const entries = [...tensors];
   const bad = (what: string): never => {
@@ -149,7 +155,7 @@ export function saveMappableSafetensors(
   for (const [k, v] of Object.entries(metadata)) if (typeof v !== "string") bad(`metadata '${k}' is not a string`);
   const seen = new Set<string>();
   for (const [name, a] of entries) {
-    if (name === "__metadata__" || name.startsWith(PAD_PREFIX)) bad(`tensor name '${name}' is reserved`);
+    if (name === "__metadata__" || name.startsWith(padPrefix)) bad(`tensor name '${name}' is reserved`);
     if (seen.has(name)) bad(`duplicate tensor name '${name}'`);
     seen.add(name);
     if (!ST_NAMES[a.dtype]) bad(`tensor '${name}': dtype ${a.dtype} has no safetensors name`);
@@ -164,7 +170,7 @@ export function saveMappableSafetensors(
     const al = a.nbytes >= pageFrom ? pageAlign : align;
     const at = roundUp(rel + 8, al);
     const pad = at - rel;
-    header[`${PAD_PREFIX}${i}`] = { dtype: "U8", shape: [pad], data_offsets: [rel, at] };
+    header[`${padPrefix}${i}`] = { dtype: "U8", shape: [pad], data_offsets: [rel, at] };
     header[name] = { dtype: ST_NAMES[a.dtype], shape: [...a.shape], data_offsets: [at, at + a.nbytes] };
     plan.push({ pad, at, a });
     rel = at + a.nbytes;
@@ -233,11 +239,12 @@ export interface MappedSafetensors extends Disposable {
 }
 
 /**
- * Map a safetensors file read-only and make an array over each tensor (padding tensors skipped).
+ * Map a safetensors file read-only and make an array over each tensor (padding tensors skipped:
+ * `PAD_PREFIX`, and `opts.padPrefix` when the file was written with another).
  * The header is validated first (`readSafetensorsHeader`: offsets against the file size); the
  * arrays read the file in place where the backend allows, else they are copied at once.
  */
-export function mapSafetensors(path: string): MappedSafetensors {
+export function mapSafetensors(path: string, opts: { padPrefix?: string } = {}): MappedSafetensors {
   const header = readSafetensorsHeader(path);
   const tensors = new Map<string, MlxArray>();
   const mapped = new Set<string>();
@@ -246,7 +253,7 @@ export function mapSafetensors(path: string): MappedSafetensors {
     const need = header.dataStart + Math.max(0, ...[...header.tensors.values()].map((t) => t.dataOffsets[1]));
     if (m.size < need) throw new SafetensorsError(`safetensors ${path}: file changed while opening (${m.size} bytes, header needs ${need})`);
     for (const [name, info] of header.tensors) {
-      if (name.startsWith(PAD_PREFIX)) continue;
+      if (name.startsWith(PAD_PREFIX) || (opts.padPrefix && name.startsWith(opts.padPrefix))) continue;
       const a = m.array(header.dataStart + info.dataOffsets[0], info.shape, info.dtype);
       tensors.set(name, a);
       if (m.isMapped(a)) mapped.add(name);

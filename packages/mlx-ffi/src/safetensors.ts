@@ -1,5 +1,5 @@
 // safetensors load (lazy, header checked first) and atomic save.
-import { closeSync, fstatSync, openSync, readSync, renameSync, rmSync } from "node:fs";
+import { closeSync, constants, fstatSync, openSync, readSync, renameSync, rmSync } from "node:fs";
 import { dirname, basename, join } from "node:path";
 import { MlxArray } from "./array.ts";
 import { itemSize, type Dtype } from "./dtype.ts";
@@ -47,20 +47,35 @@ export interface SafetensorsHeader {
 
 const MAX_HEADER = 100 * 1024 * 1024;
 
-/** Read and validate a safetensors header without reading tensor data. */
+/** What a non-regular file is, for messages. */
+function fileKind(st: import("node:fs").Stats): string {
+  if (st.isDirectory()) return "a directory";
+  if (st.isFIFO()) return "a FIFO";
+  if (st.isSocket()) return "a socket";
+  if (st.isCharacterDevice() || st.isBlockDevice()) return "a device";
+  return "not a regular file";
+}
+
+/**
+ * Read and validate a safetensors header without reading tensor data. Only a regular file is
+ * read: a FIFO, device or directory is refused at once (opened non-blocking, never read).
+ */
 export function readSafetensorsHeader(path: string): SafetensorsHeader {
   let fd: number;
   try {
-    fd = openSync(path, "r");
+    // O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever (no effect on a regular file).
+    fd = openSync(path, constants.O_RDONLY | constants.O_NONBLOCK);
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
-    throw new SafetensorsError(`safetensors ${path}: ${code === "ENOENT" ? "file not found" : String(e)}`);
+    throw new SafetensorsError(`safetensors ${path}: ${code === "ENOENT" ? "file not found" : code === "EISDIR" ? "a directory, not a file" : String(e)}`);
   }
   try {
-    const size = fstatSync(fd).size;
+    const st = fstatSync(fd);
     const bad = (what: string): never => {
       throw new SafetensorsError(`safetensors ${path}: ${what}`);
     };
+    if (!st.isFile()) bad(`${fileKind(st)}, not a regular file`);
+    const size = st.size;
     if (size < 8) bad(`file is ${size} bytes, too short for a header`);
     const lenBuf = Buffer.alloc(8);
     readSync(fd, lenBuf, 0, 8, 0);

@@ -1,5 +1,5 @@
 import { describe, expect, test } from "vitest";
-import { libraryCandidates, resolveLibraryPath } from "../src/index.ts";
+import { libraryCandidates, prebuiltPackages, resolveLibraryPath } from "../src/index.ts";
 
 function runWith(env: Record<string, string>): { code: number; err: string } {
   const p = Bun.spawnSync([process.execPath, "-e", `import { mlxVersion } from "${new URL("../src/index.ts", import.meta.url).pathname}"; console.log(mlxVersion());`], {
@@ -11,10 +11,17 @@ function runWith(env: Record<string, string>): { code: number; err: string } {
 }
 
 describe("library resolution", () => {
-  test("order: MLX_BUN_NATIVE, beside the executable, the set-up build", () => {
+  test("order: MLX_BUN_NATIVE, the prebuilt package, beside the executable, the set-up build", () => {
     const c = libraryCandidates();
     expect(c.at(-1)).toMatch(/native\/build\/libmlxb\.(so|dylib)$/);
     expect(resolveLibraryPath()).toMatch(/libmlxb/);
+  });
+
+  test("prebuilt packages per platform: CUDA first on Linux x64 unless MLX_BUN_BACKEND=cpu", () => {
+    expect(prebuiltPackages("linux", "x64", undefined)).toEqual(["@mlx-bun/native-linux-x64-cuda13", "@mlx-bun/native-linux-x64"]);
+    expect(prebuiltPackages("linux", "x64", "cpu")).toEqual(["@mlx-bun/native-linux-x64"]);
+    expect(prebuiltPackages("linux", "arm64", undefined)).toEqual(["@mlx-bun/native-linux-arm64"]);
+    expect(prebuiltPackages("darwin", "arm64", undefined)).toEqual(["@mlx-bun/native-darwin-arm64"]);
   });
 
   test("a wrong MLX_BUN_NATIVE tells the user what to run", () => {

@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { Interpreter, Template } from "@huggingface/jinja";
 import { readJson } from "./config.ts";
 import { ConfigError } from "./errors.ts";
+import { assertRegularFile } from "./files.ts";
 import type { Gemma4Tokenizer } from "./tokenizer.ts";
 
 export interface ChatMessage {
@@ -24,6 +25,42 @@ export interface ChatTemplateOptions {
   continueFinalMessage?: boolean;
   /** Extra template variables (e.g. {enable_thinking: true}); they override the special-token variables. */
   kwargs?: Record<string, unknown>;
+  /** Time budget of this render in milliseconds (default: the template's renderTimeoutMs); beyond it, a TemplateTimeoutError. */
+  timeoutMs?: number;
+}
+
+/** A checkpoint that has no chat template at all (neither chat_template.jinja nor tokenizer_config.json's chat_template). */
+export class NoChatTemplateError extends ConfigError {
+  override name = "NoChatTemplateError";
+}
+
+/** A render that ran past its time budget (a template looping for too long). */
+export class TemplateTimeoutError extends Error {
+  override name = "TemplateTimeoutError";
+}
+
+/** Default time budget of one render (ChatTemplate.renderTimeoutMs). */
+export const DEFAULT_RENDER_TIMEOUT_MS = 10_000;
+
+/**
+ * The most items a template's range() may make, as the sandboxed Jinja2 environment that
+ * transformers renders chat templates in (jinja2.sandbox.MAX_RANGE): range() builds its whole
+ * list at once, so a huge one would stall the thread and exhaust memory before any time check.
+ */
+export const MAX_RANGE = 100_000;
+
+function boundedRange(start: number, stop?: number, step = 1): number[] {
+  if (stop === undefined) {
+    stop = start;
+    start = 0;
+  }
+  if (step === 0) throw new Error("range() step must not be zero");
+  const n = step > 0 ? Math.ceil((stop - start) / step) : Math.ceil((start - stop) / -step);
+  if (n > MAX_RANGE) throw new Error(`range() of ${n} items is too big: chat templates may make at most ${MAX_RANGE} (Jinja2's sandbox MAX_RANGE)`);
+  const out: number[] = [];
+  if (step > 0) for (let i = start; i < stop; i += step) out.push(i);
+  else for (let i = start; i > stop; i += step) out.push(i);
+  return out;
 }
 
 const REASONING_FIELDS = ["reasoning_content", "thinking", "reasoning"];
@@ -69,9 +106,32 @@ interface InterpreterInternals {
   renderFor(n: Node, env: unknown): string;
   executeSet(n: Node, env: unknown): void;
   evaluate(n: Node, env: unknown): Runtime;
+  run(program: unknown): Runtime;
+  global: { variables: Map<string, unknown>; set(name: string, value: unknown): unknown };
 }
 const interpreterProto = Interpreter.prototype as unknown as InterpreterInternals;
 const jsRenderBlock = interpreterProto.renderBlock;
+const jsEvaluate = interpreterProto.evaluate;
+const jsRun = interpreterProto.run;
+/** run() with the global range() replaced by boundedRange (the globals are set before any variable could be). */
+function boundedRun(this: InterpreterInternals, program: unknown): Runtime {
+  this.global.variables.delete("range");
+  this.global.set("range", boundedRange);
+  return jsRun.call(this, program);
+}
+
+// The time budget of the render in progress (rendering is synchronous: one at a time). Every
+// expression and every loop iteration goes through evaluate(), so checking the clock there (every
+// 256 calls) bounds any template loop.
+let deadline = Number.POSITIVE_INFINITY;
+let budgetMs = 0;
+let steps = 0;
+function budgetedEvaluate(this: InterpreterInternals, n: Node, env: unknown): Runtime {
+  if ((++steps & 255) === 0 && performance.now() > deadline) {
+    throw new TemplateTimeoutError(`rendering the chat template took longer than ${budgetMs} ms (a template loop running too long); the request was not run`);
+  }
+  return jsEvaluate.call(this, n, env);
+}
 const STATEMENTS = new Set(["Macro", "CallStatement", "FilterStatement"]);
 function pythonRenderBlock(this: InterpreterInternals, statements: Node[], env: unknown): string {
   let out = "";
@@ -104,18 +164,28 @@ function pythonRenderBlock(this: InterpreterInternals, statements: Node[], env: 
   return out;
 }
 
-function renderPythonStyle(t: Template, items: Record<string, unknown>): string {
+function renderPythonStyle(t: Template, items: Record<string, unknown>, timeoutMs: number): string {
   interpreterProto.renderBlock = pythonRenderBlock;
+  interpreterProto.evaluate = budgetedEvaluate;
+  interpreterProto.run = boundedRun;
+  budgetMs = timeoutMs;
+  deadline = performance.now() + timeoutMs;
+  steps = 0;
   try {
     return t.render(items);
   } finally {
     interpreterProto.renderBlock = jsRenderBlock;
+    interpreterProto.evaluate = jsEvaluate;
+    interpreterProto.run = jsRun;
+    deadline = Number.POSITIVE_INFINITY;
   }
 }
 
 /** A compiled chat template plus the special-token variables transformers hands it. */
 export class ChatTemplate {
   private readonly template: Template;
+  /** Time budget of a render (ms) when the call gives none; a render past it throws TemplateTimeoutError. */
+  renderTimeoutMs = DEFAULT_RENDER_TIMEOUT_MS;
 
   constructor(
     readonly source: string,
@@ -137,7 +207,10 @@ export class ChatTemplate {
   static load(dir: string, tokenizer?: Gemma4Tokenizer, opts: { withTools?: boolean } = {}): ChatTemplate {
     const vars = tokenizer ? Object.fromEntries(tokenizer.specialTokens) : {};
     const jinja = join(dir, "chat_template.jinja");
-    if (existsSync(jinja)) return new ChatTemplate(readFileSync(jinja, "utf8"), vars, jinja);
+    if (existsSync(jinja)) {
+      assertRegularFile(jinja, (m) => new ConfigError(m));
+      return new ChatTemplate(readFileSync(jinja, "utf8"), vars, jinja);
+    }
     const tcFile = join(dir, "tokenizer_config.json");
     if (existsSync(tcFile)) {
       const tc = readJson(tcFile);
@@ -152,7 +225,7 @@ export class ChatTemplate {
       }
       if (t !== undefined && t !== null) throw new ConfigError(`${tcFile}: chat_template must be a string or a list of {name, template}`);
     }
-    throw new ConfigError(`${dir}: no chat template (chat_template.jinja or tokenizer_config.json's chat_template)`);
+    throw new NoChatTemplateError(`${dir}: no chat template (chat_template.jinja or tokenizer_config.json's chat_template)`);
   }
 
   /** Render messages to the prompt string (transformers' apply_chat_template(..., tokenize=False)). */
@@ -183,8 +256,9 @@ export class ChatTemplate {
         tools: opts.tools ? plain(opts.tools) : null,
         documents: opts.documents ? plain(opts.documents) : null,
         add_generation_prompt: opts.addGenerationPrompt ?? false,
-      });
+      }, opts.timeoutMs ?? this.renderTimeoutMs);
     } catch (e) {
+      if (e instanceof TemplateTimeoutError) throw new TemplateTimeoutError(`${this.origin}: ${e.message}`);
       throw new Error(`${this.origin}: ${(e as Error).message}`);
     }
     if (finalText !== undefined) {

@@ -5,6 +5,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ConfigError } from "./errors.ts";
+import { assertRegularFile } from "./files.ts";
 
 export type LayerType = "sliding_attention" | "full_attention";
 export const LAYER_TYPES: readonly LayerType[] = ["sliding_attention", "full_attention"];
@@ -477,6 +478,7 @@ export function loadGemma4Config(dir: string): Gemma4Config {
 }
 
 export function readJson(file: string): unknown {
+  assertRegularFile(file, (m) => new ConfigError(m));
   let text: string;
   try {
     text = readFileSync(file, "utf8");

@@ -24,10 +24,19 @@ export {
   loadWeights,
   planSanitize,
 } from "./weights.ts";
-export { Gemma4Tokenizer, readEosTokenIds, StreamingDetokenizer } from "./tokenizer.ts";
-export { type ChatMessage, ChatTemplate, type ChatTemplateOptions } from "./chat-template.ts";
+export { Gemma4Tokenizer, postProcessorBos, readEosTokenIds, StreamingDetokenizer } from "./tokenizer.ts";
+export {
+  type ChatMessage,
+  ChatTemplate,
+  type ChatTemplateOptions,
+  DEFAULT_RENDER_TIMEOUT_MS,
+  MAX_RANGE,
+  NoChatTemplateError,
+  TemplateTimeoutError,
+} from "./chat-template.ts";
+export { assertRegularFile } from "./files.ts";
 export { Gemma4Model } from "./model/gemma4.ts";
-export { type KvMode, codecFor, kvModeName, parseKvMode } from "./model/kv-mode.ts";
+export { checkKvMode, type KvMode, codecFor, kvModeName, parseKvMode } from "./model/kv-mode.ts";
 export { embed, embedAsLinear, linear, moduleWeights, switchLinear, type ModuleWeights } from "./model/nn.ts";
 export { type LoadedModel, loadModel, loadTextSide } from "./load.ts";
 export { type LoadedAdapter, loadAdapter } from "./lora.ts";

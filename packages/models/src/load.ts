@@ -2,7 +2,7 @@
 import { createHash, type Hash } from "node:crypto";
 import { closeSync, fstatSync, openSync, readSync } from "node:fs";
 import { basename } from "node:path";
-import { ChatTemplate } from "./chat-template.ts";
+import { ChatTemplate, NoChatTemplateError } from "./chat-template.ts";
 import { type Gemma4Config, loadGemma4Config } from "./config.ts";
 import { Gemma4Model } from "./model/gemma4.ts";
 import { Gemma4Tokenizer } from "./tokenizer.ts";
@@ -24,25 +24,32 @@ export interface LoadedModel extends Disposable {
    */
   fingerprint: string;
   weights: LoadedWeights;
+  /** Problems found while loading that were worked around, one sentence each (the CLI prints them at start-up). */
+  warnings?: string[];
   dispose(): void;
 }
 
-/** A checkpoint's config, tokenizer and chat template (null when it has none), without its weights. */
-export function loadTextSide(dir: string): { config: Gemma4Config; tokenizer: Gemma4Tokenizer; template: ChatTemplate | null } {
+/**
+ * A checkpoint's config, tokenizer and chat template (null when it has none), without its weights.
+ * A chat template that exists but does not parse is an error here (ConfigError naming the file and
+ * the parse error), not a checkpoint without a template: that would silently build other prompts.
+ */
+export function loadTextSide(dir: string): { config: Gemma4Config; tokenizer: Gemma4Tokenizer; template: ChatTemplate | null; warnings: string[] } {
   const config = loadGemma4Config(dir);
   const tokenizer = Gemma4Tokenizer.load(dir);
   let template: ChatTemplate | null = null;
   try {
     template = ChatTemplate.load(dir, tokenizer);
-  } catch {
+  } catch (e) {
+    if (!(e instanceof NoChatTemplateError)) throw e;
     template = null;
   }
-  return { config, tokenizer, template };
+  return { config, tokenizer, template, warnings: [...tokenizer.warnings] };
 }
 
 /** Load a checkpoint from a local directory (weights stay lazy until first use). */
 export function loadModel(dir: string): LoadedModel {
-  const { config, tokenizer, template } = loadTextSide(dir);
+  const { config, tokenizer, template, warnings } = loadTextSide(dir);
   const weights = loadWeights(dir, config);
   let model: Gemma4Model;
   try {
@@ -66,7 +73,7 @@ export function loadModel(dir: string): LoadedModel {
     model.dispose();
     weights.dispose();
   };
-  return { dir, config, model, tokenizer, template, fingerprint, weights, dispose, [Symbol.dispose]: dispose };
+  return { dir, config, model, tokenizer, template, fingerprint, weights, warnings, dispose, [Symbol.dispose]: dispose };
 }
 
 /** Blocks sampled from each weight file's data section by the fingerprint. */

@@ -63,6 +63,21 @@ export interface DecodeOptions {
   skipSpecialTokens?: boolean;
 }
 
+/**
+ * The special token a tokenizer.json post-processor puts in front of a single sequence
+ * (TemplateProcessing's `single`, alone or inside a Sequence processor), e.g. Gemma's "<bos>".
+ */
+export function postProcessorBos(tokenizerJson: Record<string, unknown>): string | null {
+  const pp = tokenizerJson.post_processor;
+  const processors = isObject(pp) ? (pp.type === "Sequence" && Array.isArray(pp.processors) ? pp.processors : [pp]) : [];
+  for (const p of processors) {
+    if (!isObject(p) || p.type !== "TemplateProcessing" || !Array.isArray(p.single)) continue;
+    const first = p.single[0];
+    if (isObject(first) && isObject(first.SpecialToken) && typeof first.SpecialToken.id === "string") return first.SpecialToken.id;
+  }
+  return null;
+}
+
 /** A checkpoint's tokenizer. */
 export class Gemma4Tokenizer {
   readonly tok: Tokenizer;
@@ -81,6 +96,8 @@ export class Gemma4Tokenizer {
   private readonly spmStrip: boolean | undefined;
   private readonly cleanUpSpaces: boolean;
   private readonly unkToken: string;
+  /** Problems found while loading that were worked around (printed by the CLI at start-up). */
+  readonly warnings: string[] = [];
 
   constructor(
     readonly tokenizerJson: Record<string, unknown>,
@@ -131,9 +148,22 @@ export class Gemma4Tokenizer {
     const tj = readJson(tjFile);
     if (!isObject(tj)) throw new ConfigError(`${tjFile}: must be a JSON object`);
     const tcFile = join(dir, "tokenizer_config.json");
-    const tc = existsSync(tcFile) ? readJson(tcFile) : {};
-    if (!isObject(tc)) throw new ConfigError(`${tcFile}: must be a JSON object`);
-    return new Gemma4Tokenizer(tj, tc, readEosTokenIds(dir), tjFile);
+    if (existsSync(tcFile)) {
+      const tc = readJson(tcFile);
+      if (!isObject(tc)) throw new ConfigError(`${tcFile}: must be a JSON object`);
+      return new Gemma4Tokenizer(tj, tc, readEosTokenIds(dir), tjFile);
+    }
+    // Without tokenizer_config.json the special-token names are unknown, and the chat template's
+    // {{ bos_token }} renders empty: transformers (and so mlx-lm) then build prompts without <bos>,
+    // which Gemma needs. Take bos_token from the post-processor that prepends it to encoded text.
+    const bos = postProcessorBos(tj);
+    const tok = new Gemma4Tokenizer(tj, bos ? { bos_token: bos } : {}, readEosTokenIds(dir), tjFile);
+    tok.warnings.push(
+      bos
+        ? `${tcFile} is missing: bos_token taken from tokenizer.json's post-processor (${JSON.stringify(bos)}), so chat prompts start with it (mlx-lm would render the chat template without it)`
+        : `${tcFile} is missing and tokenizer.json's post-processor names no leading special token: chat templates render {{ bos_token }} empty`,
+    );
+    return tok;
   }
 
   encode(text: string, opts: EncodeOptions = {}): number[] {

@@ -16,6 +16,7 @@ import {
 import { contiguous, split as splitArray } from "@mlx-bun/mlx-ops";
 import { type Gemma4Config, layerSpecs, type QuantizationConfig, type QuantMode, type QuantParams, readJson } from "./config.ts";
 import { WeightsError } from "./errors.ts";
+import { assertRegularFile } from "./files.ts";
 
 // ---------------------------------------------------------------------------------------------
 // Finding and opening the files
@@ -43,6 +44,7 @@ function isObject(v: unknown): v is Record<string, unknown> {
 }
 
 function header(file: string): SafetensorsHeader {
+  assertRegularFile(file, (m) => new WeightsError(m));
   try {
     return readSafetensorsHeader(file);
   } catch (e) {

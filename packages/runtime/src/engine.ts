@@ -3,8 +3,8 @@
 import { basename } from "node:path";
 import { MlxError, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import type { Cache } from "@mlx-bun/kv-cache";
-import { type KvMode, kvModeName, type LoadedModel, loadModel, parseKvMode } from "@mlx-bun/models";
+import { type Cache, KVCache, plainCodec, QuantizeAfterKVCache } from "@mlx-bun/kv-cache";
+import { checkKvMode, type KvMode, kvModeName, type LoadedModel, loadModel, parseKvMode } from "@mlx-bun/models";
 import { prefillChunk } from "./batch-prefill.ts";
 import type { StepModel } from "./distributed.ts";
 import type { GenerationEngine, PrefillProgress, RunOptions } from "./engine-contract.ts";
@@ -18,6 +18,13 @@ export interface EngineOptions {
   maxKvSize?: number;
   /** Prompt tokens per prefill step (mlx-lm's prefill_step_size, default 2048). */
   prefillStep?: number;
+  /**
+   * mlx-lm's kv_bits / kv_group_size / quantized_kv_start: each bf16 full-attention cache
+   * (KVCache) turns affine-quantized once it holds `start` tokens (QuantizeAfterKVCache). Needs
+   * `kv` bf16. Sliding-window caches stay bf16 (mlx-lm's RotatingKVCache cannot be quantized: it
+   * raises NotImplementedError there). Such caches do not batch: use them one request at a time.
+   */
+  quantizedKv?: { bits: number; groupSize: number; start: number };
   /** Run steps through this model instead of the loaded one (a LeaderModel for tensor-parallel ranks). */
   stepModel?: StepModel;
   /**
@@ -33,6 +40,7 @@ export class Engine implements GenerationEngine, Disposable {
   readonly kvMode: KvMode;
   readonly prefillStep: number;
   readonly maxKvSize: number | undefined;
+  readonly quantizedKv: { bits: number; groupSize: number; start: number } | undefined;
   readonly backgroundEval: boolean;
   readonly #model: StepModel;
   /** generate(): one request at a time, queued FIFO. */
@@ -46,6 +54,15 @@ export class Engine implements GenerationEngine, Disposable {
     this.prefillStep = opts.prefillStep ?? 2048;
     if (!Number.isInteger(this.prefillStep) || this.prefillStep < 1) throw new MlxError(`prefillStep must be a positive integer, got ${this.prefillStep}`);
     this.maxKvSize = opts.maxKvSize;
+    this.quantizedKv = opts.quantizedKv;
+    if (this.quantizedKv && this.kvMode.kind !== "bf16") throw new MlxError(`quantizedKv (kv_bits) needs the bf16 KV mode, not ${kvModeName(this.kvMode)}`);
+    if (this.quantizedKv) new QuantizeAfterKVCache(this.quantizedKv.start, this.quantizedKv.bits, this.quantizedKv.groupSize).dispose(); // checks the settings now
+    // A KV mode the model's head dims cannot take fails here, at start-up, not on every request.
+    checkKvMode(this.kvMode, loaded.config);
+    if (this.quantizedKv) {
+      const q = this.quantizedKv;
+      checkKvMode({ kind: "affine", bits: q.bits, groupSize: q.groupSize }, loaded.config, { layers: "full_attention", what: `--kv-bits ${q.bits} --kv-group-size ${q.groupSize}` });
+    }
     this.#model = opts.stepModel ?? loaded.model;
     this.backgroundEval = opts.backgroundEval ?? (opts.stepModel ? false : defaultBackgroundEval());
   }
@@ -68,7 +85,14 @@ export class Engine implements GenerationEngine, Disposable {
   }
 
   makeCaches(): Cache[] {
-    return this.#model.makeCaches(this.kvMode, this.maxKvSize ? { maxKvSize: this.maxKvSize } : {});
+    const caches = this.#model.makeCaches(this.kvMode, this.maxKvSize ? { maxKvSize: this.maxKvSize } : {});
+    const q = this.quantizedKv;
+    if (!q) return caches;
+    return caches.map((c) => {
+      if (!(c instanceof KVCache) || c.codec !== plainCodec) return c;
+      c.dispose();
+      return new QuantizeAfterKVCache(q.start, q.bits, q.groupSize);
+    });
   }
 
   /** Logits [B, L, V] of a forward step. */

@@ -17,6 +17,17 @@ export type {
 export { Engine, type EngineOptions } from "./engine.ts";
 export type { GenerationEngine, PrefillProgress, RunOptions } from "./engine-contract.ts";
 export { RequestError, type RequestLimits, validateRequest } from "./request.ts";
+export {
+  checkStructuredFormat,
+  type GrammarProcessor,
+  type GrammarProcessorOptions,
+  grammarProcessor,
+  grammarVocabulary,
+  maskLogits,
+  type StructuredFormat,
+  StructuredOutputCompiler,
+} from "./structured-output.ts";
+export { canonicalJson, FORMAT_PATTERNS, type PreparedSchema, prepareJsonSchema, sanitizePattern, SchemaError } from "./json-schema-support.ts";
 export { Mutex, yieldToEventLoop } from "./async.ts";
 export {
   applyProcessors,
@@ -44,13 +55,18 @@ export {
   KvStoreError,
   type KvStoreInfo,
   type KvStoreLayer,
+  type KvStoreTensor,
+  type KvStoreVerification,
+  type LayerShape,
   loadPromptCache,
   type LoadedPromptCache,
   type LoadPromptCacheOptions,
   readPromptCacheInfo,
+  removeStaleTemps,
   savePromptCache,
   type SavePromptCacheInfo,
   type SavePromptCacheInput,
+  verifyPromptCache,
 } from "./kv-store.ts";
 export {
   copyCaches,

@@ -1,14 +1,15 @@
 // Prompt cache: reuse of the longest cached prefix across requests (an LRU under a byte budget).
-import { type Cache, KVCache, RotatingKVCache } from "@mlx-bun/kv-cache";
+import { type Cache, KVCache, QuantizeAfterKVCache, RotatingKVCache } from "@mlx-bun/kv-cache";
 
 /** Error for misuse of the prompt cache (mismatched offsets, unknown cache classes). */
 export class PromptCacheError extends Error {
   override name = "PromptCacheError";
 }
 
-/** Empty caches of the same class, geometry and codec as `like` (KVCache and RotatingKVCache). */
+/** Empty caches of the same class, geometry and codec as `like` (KVCache, RotatingKVCache, QuantizeAfterKVCache). */
 export function emptyCachesLike(like: readonly Cache[]): Cache[] {
   return like.map((c) => {
+    if (c instanceof QuantizeAfterKVCache) return new QuantizeAfterKVCache(c.start, c.bits, c.groupSize);
     if (c instanceof KVCache) return new KVCache(c.codec);
     if (c instanceof RotatingKVCache) return new RotatingKVCache(c.maxSize, c.keep, c.codec);
     throw new PromptCacheError(`prompt cache: cannot copy a ${c.constructor.name} (${c.signature()}); pass makeEmpty for it`);
@@ -249,6 +250,22 @@ export class PromptCache implements Disposable {
       this.#drop(this.#entries.shift()!);
       this.stats.evictions++;
     }
+  }
+
+  /**
+   * Every entry as token ids and copies of its caches (sharing its arrays; the caller owns and
+   * disposes them), least recently used first: for persisting the cache (e.g. at shutdown).
+   * Inserting them in this order into an empty cache restores the same entries and LRU order.
+   */
+  snapshot(): { tokens: number[]; caches: Cache[] }[] {
+    const out: { tokens: number[]; caches: Cache[] }[] = [];
+    try {
+      for (const e of this.#entries) out.push({ tokens: [...e.tokens], caches: copyCaches(e.caches, this.#makeEmpty) });
+    } catch (err) {
+      for (const o of out) for (const c of o.caches) c.dispose();
+      throw err;
+    }
+    return out;
   }
 
   /** Drop every entry. */

@@ -132,6 +132,11 @@ export class DecodeRunner {
     const last = !this.trackFed && rows.every((r) => r.next && r.seq.generated.length + 1 >= r.seq.req.maxTokens);
     const picks: (Pick | null)[] = [];
     const deferred: (MlxArray | null)[] = [];
+    // Rows that ended in the drain() of a background job (the batch just left background mode)
+    // are still in the batch, so this step feeds them once more: their caches then hold that id too.
+    if (this.trackFed && !last) {
+      for (const r of rows) if (r.seq.done && r.seq.finishReason !== "cancelled") r.fedAhead = [r.next ? r.next.token.item() : r.seq.generated.at(-1)!];
+    }
     try {
       if (!last) {
         this.#build(rows, caches, picks, deferred);

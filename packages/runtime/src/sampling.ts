@@ -11,6 +11,8 @@ export interface ResolvedSampling {
   topP: number;
   topK: number;
   minP: number;
+  /** Tokens min-p never removes (the most likely ones; mlx-lm's min_tokens_to_keep, default 1). */
+  minTokensToKeep: number;
   repetitionPenalty: number;
   presencePenalty: number;
   frequencyPenalty: number;
@@ -21,6 +23,8 @@ export interface ResolvedSampling {
   xtcThreshold: number;
   xtcSpecialTokens: number[];
   seed: number | undefined;
+  /** Keys the seed's stream skips before the first draw. */
+  seedSkip: number;
 }
 
 /**
@@ -42,21 +46,27 @@ export function resolveSampling(p: SamplingParams = {}, vocabSize: number, xtcSp
   }
   const seed = p.seed;
   if (seed !== undefined && !Number.isInteger(seed)) throw new MlxError(`seed must be an integer, got ${JSON.stringify(seed)}`);
+  // The PRNG key takes a uint64 seed (mx.random.key); here a safe integer, checked before any step runs.
+  if (seed !== undefined && (seed < 0 || !Number.isSafeInteger(seed))) throw new MlxError(`seed must be an integer in 0..${Number.MAX_SAFE_INTEGER}, got ${seed}`);
   return {
     temperature: num("temperature", p.temperature, 0, (x) => x >= 0, ">= 0"),
-    topP: num("top_p", p.topP, 1, (x) => x > 0 && x <= 1, "in (0, 1]"),
+    // 0 turns top-p off, as 1 does (mlx-lm applies it for 0 < top_p < 1 only).
+    topP: num("top_p", p.topP, 1, (x) => x >= 0 && x <= 1, "in [0, 1]"),
     topK: num("top_k", p.topK, 0, (x) => Number.isInteger(x) && x >= 0, "a non-negative integer"),
     minP: num("min_p", p.minP, 0, (x) => x >= 0 && x <= 1, "in [0, 1]"),
+    minTokensToKeep: num("min_tokens_to_keep", p.minTokensToKeep, 1, (x) => Number.isInteger(x) && x >= 1, "a positive integer"),
     repetitionPenalty: num("repetition_penalty", p.repetitionPenalty, 1, (x) => x > 0, "> 0"),
     presencePenalty: num("presence_penalty", p.presencePenalty, 0, () => true, "a number"),
     frequencyPenalty: num("frequency_penalty", p.frequencyPenalty, 0, () => true, "a number"),
-    penaltyContext: num("repetition_context_size", p.penaltyContext, 20, (x) => Number.isInteger(x) && x > 0, "a positive integer"),
+    // 0 is the whole history, as in mlx-lm (whose processors take tokens[-0:], i.e. all of them).
+    penaltyContext: num("repetition_context_size", p.penaltyContext, 20, (x) => Number.isInteger(x) && x >= 0, "a non-negative integer"),
     logitBias,
     // Ranges of mlx-lm's apply_xtc (mlx_lm.server lets a threshold up to 1 through, then apply_xtc raises).
     xtcProbability: num("xtc_probability", p.xtcProbability, 0, (x) => x >= 0 && x <= 1, "in [0, 1]"),
     xtcThreshold: num("xtc_threshold", p.xtcThreshold, 0.1, (x) => x >= 0 && x <= 0.5, "in [0, 0.5]"),
     xtcSpecialTokens: [...new Set(xtcSpecialTokens)].filter((t) => Number.isInteger(t) && t >= 0 && t < vocabSize),
     seed,
+    seedSkip: num("seed_skip", p.seedSkip, 0, (x) => Number.isInteger(x) && x >= 0, "a non-negative integer"),
   };
 }
 
@@ -175,11 +185,21 @@ function applyTopP(lp: MlxArray, topP: number): MlxArray {
   return mx.where(below, Number.NEGATIVE_INFINITY, lp);
 }
 
-function applyMinP(lp: MlxArray, minP: number): MlxArray {
+function applyMinP(lp: MlxArray, minP: number, minTokensToKeep: number): MlxArray {
   using top = mx.max(lp, -1, { keepdims: true });
   using scaled = mx.add(top, Math.log(minP));
-  using remove = mx.less(lp, scaled);
-  return mx.where(remove, Number.NEGATIVE_INFINITY, lp);
+  let remove = mx.less(lp, scaled);
+  // mlx-lm's apply_min_p: the min_tokens_to_keep most likely tokens are never removed.
+  const vocab = lp.shape[lp.ndim - 1]!;
+  if (minTokensToKeep > 1) {
+    const k = Math.min(minTokensToKeep, vocab);
+    using part = mx.argpartition(lp, vocab - k, -1);
+    using topIdx = mx.index(part, "...", mx.sl(vocab - k, null));
+    using all = remove;
+    remove = mx.put_along_axis(all, topIdx, false, -1);
+  }
+  using r = remove;
+  return mx.where(r, Number.NEGATIVE_INFINITY, lp);
 }
 
 function applyTopK(lp: MlxArray, topK: number): MlxArray {
@@ -225,7 +245,7 @@ function filtered(lp: MlxArray, s: ResolvedSampling, xtc: MlxArray | "always" | 
     x = next;
   };
   if (s.topP > 0 && s.topP < 1) step(applyTopP(x, s.topP));
-  if (s.minP !== 0) step(applyMinP(x, s.minP));
+  if (s.minP !== 0) step(applyMinP(x, s.minP, s.minTokensToKeep));
   if (xtc !== undefined) step(applyXtc(x, s, xtc === "always" ? undefined : xtc));
   if (s.topK > 0) step(applyTopK(x, s.topK));
   return x;
@@ -296,8 +316,10 @@ export function temperedLogits(lp: MlxArray, s: ResolvedSampling): MlxArray {
 /** A per-request key stream: same seed → same keys, independent of other requests. */
 export class KeyStream implements Disposable {
   #key: MlxArray;
-  constructor(seed: number) {
+  /** `skip`: keys to pass over first (as if `skip` draws had been made from the stream). */
+  constructor(seed: number, skip = 0) {
     this.#key = mx.random.key(seed);
+    for (let i = 0; i < skip; i++) this.next().dispose();
   }
   /** The next subkey. */
   next(): MlxArray {

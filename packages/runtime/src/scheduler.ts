@@ -10,7 +10,7 @@ import { codecFor } from "@mlx-bun/models";
 import { yieldToEventLoop } from "./async.ts";
 import { prefillChunk } from "./batch-prefill.ts";
 import type { GenerationEngine, PrefillProgress, RunOptions } from "./engine-contract.ts";
-import type { PromptCache } from "./prompt-cache.ts";
+import { type PromptCache, PromptCacheError } from "./prompt-cache.ts";
 import { RequestError, validateRequest } from "./request.ts";
 import { DecodeRunner, Row } from "./runner.ts";
 import { Sequence } from "./sequence.ts";
@@ -46,6 +46,8 @@ export interface SchedulerStats {
   largestPrefill: number;
   /** Decode steps run over the decode batch. */
   decodeSteps: number;
+  /** Finished rows whose caches the prompt cache refused (their token ids did not match the caches): not kept, nothing else affected. */
+  promptCacheSkipped?: number;
 }
 
 /** Options of one submitted request beyond the request itself (its prefill progress). */
@@ -433,15 +435,22 @@ export class Scheduler {
       // A row holds the prompt and the generated tokens it was fed (one more when a pipelined step
       // fed it before it finished); insert keeps the ids the caches hold.
       const ids = [...r.seq.history, ...r.fedAhead];
-      if (solo) {
-        this.promptCache!.insert(ids, caches);
-        return;
-      }
-      const row = caches.map((c) => asBatchCache("Scheduler (prompt cache)", c).extract(i));
+      // Keeping a finished row's caches is only an optimization: a refusal (ids that do not match
+      // what the caches hold) costs that entry, never the requests of the batch.
       try {
-        this.promptCache!.insert(ids, row);
-      } finally {
-        for (const c of row) c.dispose();
+        if (solo) {
+          this.promptCache!.insert(ids, caches);
+          return;
+        }
+        const row = caches.map((c) => asBatchCache("Scheduler (prompt cache)", c).extract(i));
+        try {
+          this.promptCache!.insert(ids, row);
+        } finally {
+          for (const c of row) c.dispose();
+        }
+      } catch (e) {
+        if (!(e instanceof PromptCacheError)) throw e;
+        this.stats.promptCacheSkipped = (this.stats.promptCacheSkipped ?? 0) + 1;
       }
     });
   }

@@ -11,6 +11,8 @@ export interface SamplingParams {
   topK?: number;
   /** min_p relative to the top probability; 0 = off. */
   minP?: number;
+  /** min_tokens_to_keep: min-p keeps at least this many of the most likely tokens (default 1). */
+  minTokensToKeep?: number;
   /** repetition_penalty (> 0; 1 = off), over the last `penaltyContext` tokens. */
   repetitionPenalty?: number;
   /** presence_penalty (OpenAI), over the last `penaltyContext` tokens. */
@@ -34,6 +36,12 @@ export interface SamplingParams {
   xtcThreshold?: number;
   /** seed: same seed + same settings → same tokens. */
   seed?: number;
+  /**
+   * Keys of the seed's stream to pass over before the first draw (default 0). mlx_lm.generate
+   * seeds MLX's global key stream before it builds the model, whose random initialization takes
+   * one key per Linear / Embedding: skipping as many reproduces its seeded draws.
+   */
+  seedSkip?: number;
 }
 
 /**

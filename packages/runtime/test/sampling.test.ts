@@ -26,6 +26,9 @@ describe("sampling = mlx-lm sample_utils on the same inputs", () => {
       ["bias", { logitBias: { 5: 2.5, 11: -100 } }, `${SU}.make_logits_processors(logit_bias={5: 2.5, 11: -100})[0](mx.array(${hist}), l)`],
       ["rep", { repetitionPenalty: 1.3 }, `${SU}.make_repetition_penalty(1.3, 20)(mx.array(${hist}), mx.array(l))`],
       ["rep_ctx", { repetitionPenalty: 1.3, penaltyContext: 3 }, `${SU}.make_repetition_penalty(1.3, 3)(mx.array(${hist}), mx.array(l))`],
+      // A context size of 0 is the whole history in mlx-lm (tokens[-0:]).
+      ["rep_ctx0", { repetitionPenalty: 1.3, penaltyContext: 0 }, `${SU}.make_repetition_penalty(1.3, 0)(mx.array(${hist}), mx.array(l))`],
+      ["pres_ctx0", { presencePenalty: 0.7, penaltyContext: 0 }, `${SU}.make_presence_penalty(0.7, 0)(mx.array(${hist}), mx.array(l))`],
       ["pres", { presencePenalty: 0.7 }, `${SU}.make_presence_penalty(0.7, 20)(mx.array(${hist}), mx.array(l))`],
       ["freq", { frequencyPenalty: 0.4 }, `${SU}.make_frequency_penalty(0.4, 20)(mx.array(${hist}), l)`],
     ];
@@ -84,7 +87,10 @@ describe("sampling = mlx-lm sample_utils on the same inputs", () => {
 
   test("bad settings name the field", () => {
     expect(() => resolveSampling({ temperature: -1 }, V)).toThrow(/temperature must be >= 0/);
-    expect(() => resolveSampling({ topP: 0 }, V)).toThrow(/top_p must be in \(0, 1\]/);
+    expect(() => resolveSampling({ topP: -0.1 }, V)).toThrow(/top_p must be in \[0, 1\]/);
+    expect(() => resolveSampling({ penaltyContext: -1 }, V)).toThrow(/repetition_context_size must be a non-negative integer/);
+    // top_p 0 is off, as in mlx-lm (0 < top_p < 1 applies it).
+    expect(resolveSampling({ topP: 0 }, V).topP).toBe(0);
     expect(() => resolveSampling({ topK: 1.5 }, V)).toThrow(/top_k must be a non-negative integer/);
     expect(() => resolveSampling({ logitBias: { 999: 1 } }, V)).toThrow(/logit_bias: token id 999 is outside the vocabulary/);
     expect(() => resolveSampling({ seed: 1.5 }, V)).toThrow(/seed must be an integer/);
@@ -148,6 +154,8 @@ describe("XTC = mlx-lm's apply_xtc / make_sampler on the same inputs and seed", 
       ["p03_t002_sp", "lp32", { temperature: 1.2, xtcProbability: 0.3, xtcThreshold: 0.02, seed: 0 }, [1, 6, 2], "1.2, xtc_probability=0.3, xtc_threshold=0.02"],
       ["chain", "lp32", { temperature: 0.9, topP: 0.9, minP: 0.02, topK: 12, xtcProbability: 0.6, xtcThreshold: 0.05 }, [3], "0.9, top_p=0.9, min_p=0.02, top_k=12, xtc_probability=0.6, xtc_threshold=0.05"],
       ["bf16", "lp16", { temperature: 1, xtcProbability: 0.8, xtcThreshold: 0.03 }, [7], "1.0, xtc_probability=0.8, xtc_threshold=0.03"],
+      // mlx_lm.generate --min-tokens-to-keep: min-p keeps at least this many of the most likely tokens.
+      ["minkeep", "lp32", { temperature: 1, minP: 0.9, minTokensToKeep: 4 }, [], "1.0, min_p=0.9, min_tokens_to_keep=4"],
     ];
     const SEED = 11;
     const py = (x: string, args: string, sp: number[]) =>

@@ -11,11 +11,16 @@ export interface OutputToolCall {
   call: ToolCall;
 }
 
+/** One piece of the turn, in the order the model wrote it (Anthropic's content blocks, the Responses output items). */
+export type OutputPart = { type: "content" | "reasoning"; text: string } | { type: "tool_call"; call: OutputToolCall };
+
 /** What one piece of generated text adds to the turn. */
 export interface OutputDelta {
   content: string;
   reasoning: string;
   toolCalls: OutputToolCall[];
+  /** The same pieces in the order written (ChatOutput always fills it; a delta merged by a formatter may leave it out). */
+  parts?: OutputPart[];
 }
 
 /** Whether the vocabulary has Gemma 4's tool-call and thinking delimiters. */
@@ -60,13 +65,25 @@ export class ChatOutput {
   }
 
   #take(events: readonly Gemma4OutputEvent[]): OutputDelta {
-    const d: OutputDelta = { content: "", reasoning: "", toolCalls: [] };
+    const parts: OutputPart[] = [];
+    const d: OutputDelta = { content: "", reasoning: "", toolCalls: [], parts };
+    const text = (type: "content" | "reasoning", t: string) => {
+      if (!t) return;
+      d[type] += t;
+      const last = parts.at(-1);
+      if (last && last.type === type) last.text += t;
+      else parts.push({ type, text: t });
+    };
     for (const e of events) {
-      if (e.type === "content") d.content += e.text;
-      else if (e.type === "reasoning") d.reasoning += e.text;
-      else if (e.type === "tool_call") d.toolCalls.push({ index: this.toolCalls.length + d.toolCalls.length, id: `call_${randomUUID().replaceAll("-", "")}`, call: e.call });
+      if (e.type === "content") text("content", e.text);
+      else if (e.type === "reasoning") text("reasoning", e.text);
+      else if (e.type === "tool_call") {
+        const call = { index: this.toolCalls.length + d.toolCalls.length, id: `call_${randomUUID().replaceAll("-", "")}`, call: e.call };
+        d.toolCalls.push(call);
+        parts.push({ type: "tool_call", call });
+      }
       // A section that holds no valid call stays visible as text (mlx_lm.server drops it silently).
-      else d.content += `${GEMMA4_MARKERS.toolCallStart}${e.text}${GEMMA4_MARKERS.toolCallEnd}`;
+      else text("content", `${GEMMA4_MARKERS.toolCallStart}${e.text}${GEMMA4_MARKERS.toolCallEnd}`);
     }
     this.content += d.content;
     this.reasoning += d.reasoning;

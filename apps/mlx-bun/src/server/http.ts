@@ -3,12 +3,19 @@
 // and the web chat at "/" (web.ts).
 import { randomUUID, timingSafeEqual } from "node:crypto";
 import { memory, mlxVersion } from "@mlx-bun/mlx-ffi";
-import { type ChatTemplate, GEMMA4_MARKERS, type Gemma4Tokenizer } from "@mlx-bun/models";
-import { banTokens, type GenerateRequest, type GenerationEvent, type GenerationResult, type GenerationStream } from "@mlx-bun/runtime";
+import { type ChatTemplate, GEMMA4_MARKERS, type Gemma4Tokenizer, TemplateTimeoutError } from "@mlx-bun/models";
+import { banTokens, type GenerateRequest, type GenerationEvent, type GenerationResult, type GenerationStream, grammarProcessor, type GrammarProcessor, resolveSampling } from "@mlx-bun/runtime";
 import { chatPromptCheckpoints, chatPromptIds, rawPromptIds } from "../prompt.ts";
 import { VERSION } from "../version.ts";
+import { AnthropicApi } from "./anthropic.ts";
 import { ChatOutput, type OutputDelta, type OutputToolCall } from "./chat-output.ts";
+import type { ServerCore, SubmitExtras, Submission } from "./core.ts";
 import { ApiError } from "./errors.ts";
+import { BodyError, bunIdleTimeout, DEFAULT_LIMITS, decodePathSegment, readBodyText, requestPath, type ServerLimits } from "./limits.ts";
+import { ServerMetrics } from "./metrics.ts";
+import { OriginPolicy } from "./origin.ts";
+import { ResponsesApi } from "./responses.ts";
+import { guardedStream } from "./stream-guard.ts";
 import {
   choiceRequests,
   MLX_LM_SERVER_DEFAULTS,
@@ -56,8 +63,12 @@ export interface ServerOptions {
   defaults?: Partial<RequestDefaults>;
   /** Server-wide chat template kwargs (mlx_lm.server --chat-template-args); a request's chat_template_kwargs override them. */
   chatTemplateArgs?: Record<string, unknown>;
-  /** CORS origins; "*" (the default) allows any. */
+  /** Web origins whose pages may call the API (CORS); "*" allows any. Default: none but the server's own (the web chat). */
   allowedOrigins?: string[];
+  /** Host names the DNS-rebinding check accepts besides localhost, 127.0.0.1, [::1] and the bound address ("*": no check). */
+  allowedHosts?: string[];
+  /** Timeouts and buffer bounds per connection (limits.ts; defaults DEFAULT_LIMITS). */
+  limits?: Partial<ServerLimits>;
   /** One line per request (default: none). */
   log?: (line: string) => void;
   /** The built web chat served at "/" (default: apps/mlx-bun/web/dist, built by tools/setup.sh); null: none. */
@@ -83,13 +94,17 @@ const JSON_HEADERS = { "Content-Type": "application/json" };
 /** Start the server; resolves once it listens. */
 export function startServer(opts: ServerOptions): RunningServer {
   const app = new App(opts);
-  const maxBody = opts.maxBodyBytes ?? 16 * 1024 * 1024;
   const server = Bun.serve({
     hostname: opts.host ?? "127.0.0.1",
     port: opts.port ?? 8080,
-    // Our own check answers 413 with JSON first; Bun's limit is only a backstop.
-    maxRequestBodySize: maxBody + 16 * 1024 * 1024,
-    idleTimeout: 0,
+    // The body is read as a stream under our own limit (413 with the OpenAI error body, on the
+    // Content-Length or while reading); Bun's limit would answer first, with an empty 413.
+    maxRequestBodySize: Number.MAX_SAFE_INTEGER,
+    // A silent connection (keep-alive, a body that stopped) is closed after this; while a request
+    // is served the server's own timeouts apply (App.handle).
+    idleTimeout: bunIdleTimeout(app.limits.idleTimeoutS),
+    // No Bun error pages, no stack traces printed for a connection dropped on purpose.
+    development: false,
     fetch: (req, srv) => app.handle(req, srv),
     error: (e) => app.errorResponse(new ApiError(500, `internal error: ${(e as Error).message}`)),
   });
@@ -105,7 +120,7 @@ export function startServer(opts: ServerOptions): RunningServer {
   };
 }
 
-class App {
+class App implements ServerCore {
   readonly created = Math.floor(Date.now() / 1000);
   /** Totals of speculatively decoded requests, for /health. */
   #spec = { requests: 0, drafted: 0, accepted: 0 };
@@ -120,9 +135,19 @@ class App {
   readonly vctx: ValidationContext;
   readonly maxBody: number;
   readonly contextLength: number;
-  readonly origins: string[];
+  readonly policy: OriginPolicy;
+  readonly limits: ServerLimits;
   readonly apiKey: Buffer | null;
+  /** The server of each request being served (to set its connection's timeout). */
+  #servers = new WeakMap<Request, { timeout(req: Request, seconds: number): void }>();
+  /** Requests answered with a guarded stream: their connection's idle timeout comes back when the stream ends. */
+  #streaming = new WeakSet<Request>();
+  /** Requests whose body was not read to its end: the connection is closed after the answer. */
+  #unread = new WeakSet<Request>();
   readonly web: WebChat;
+  readonly metrics: ServerMetrics;
+  /** Endpoints of other protocols (their own error shapes): Anthropic Messages, OpenAI Responses. */
+  readonly protocols: { matches(path: string): boolean; handle(req: Request, path: string): Promise<Response> }[];
 
   constructor(readonly opts: ServerOptions) {
     let mlx = "unknown";
@@ -139,20 +164,17 @@ class App {
     };
     this.maxBody = opts.maxBodyBytes ?? 16 * 1024 * 1024;
     this.contextLength = opts.model.config.text.maxPositionEmbeddings;
-    this.origins = opts.allowedOrigins ?? ["*"];
+    this.limits = { ...DEFAULT_LIMITS, ...opts.limits };
+    this.policy = new OriginPolicy({ allowedOrigins: opts.allowedOrigins ?? [], allowedHosts: opts.allowedHosts ?? [], bindHost: opts.host ?? "127.0.0.1", hasApiKey: !!opts.apiKey });
     this.apiKey = opts.apiKey ? Buffer.from(opts.apiKey) : null;
     this.web = new WebChat(opts.webDir === undefined ? DEFAULT_WEB_DIR : opts.webDir);
+    this.metrics = new ServerMetrics(opts.scheduler);
+    this.protocols = [new AnthropicApi(this), new ResponsesApi(this)];
   }
 
+  /** CORS headers of a response (origin.ts: only for an allowed cross-origin page). */
   cors(req: Request | null): Record<string, string> {
-    const h: Record<string, string> = { "Access-Control-Allow-Methods": "*", "Access-Control-Allow-Headers": "*" };
-    const origin = req?.headers.get("origin");
-    if (this.origins.includes("*")) h["Access-Control-Allow-Origin"] = "*";
-    else if (origin && this.origins.includes(origin)) {
-      h["Access-Control-Allow-Origin"] = origin;
-      h.Vary = "Origin";
-    }
-    return h;
+    return this.policy.headers(req);
   }
 
   json(req: Request | null, status: number, body: unknown, extra: Record<string, string> = {}): Response {
@@ -164,23 +186,69 @@ class App {
     return this.json(req, e.status, e.body(), extra);
   }
 
-  async handle(req: Request, _srv: unknown): Promise<Response> {
+  async handle(req: Request, srv: { timeout(req: Request, seconds: number): void } | null): Promise<Response> {
     const t0 = performance.now();
-    const path = new URL(req.url).pathname.replace(/\/+$/, "") || "/";
+    const path = requestPath(req);
+    // While the request is served, its connection is bounded by the server's own timeouts (the
+    // body's, the stream's); Bun's idle timeout would otherwise drop a long generation silently.
+    if (srv) {
+      this.#servers.set(req, srv);
+      this.#setTimeout(req, 0);
+    }
     let res: Response;
     try {
+      // Host (DNS rebinding) and Origin before anything else, preflights included.
+      this.policy.check(req);
       res = await this.route(req, path);
     } catch (e) {
       res = this.errorResponse(toApiError(e), req);
     }
+    // A body left on the wire (413, 408, a bad chunk, or an answer that needed no body): close
+    // rather than read the rest.
+    if (this.#unread.has(req) || (hasBody(req) && !req.bodyUsed)) res.headers.set("Connection", "close");
+    if (!this.#streaming.has(req)) this.restoreTimeout(req);
+    this.metrics.request(req.method, path, res.status);
     this.opts.log?.(`${req.method} ${path} ${res.status} ${((performance.now() - t0) / 1000).toFixed(3)}s`);
     return res;
   }
 
+  #setTimeout(req: Request, seconds: number): void {
+    try {
+      this.#servers.get(req)?.timeout(req, seconds);
+    } catch {
+      // the connection is gone
+    }
+  }
+
+  /** Give the connection its idle timeout back (the response is complete, or its last bytes are being written). */
+  restoreTimeout(req: Request): void {
+    this.#setTimeout(req, bunIdleTimeout(this.limits.idleTimeoutS));
+  }
+
+  /**
+   * The body of a streamed response (server-sent events written by `frames`), bounded by the
+   * write timeout and the buffered-output limit (stream-guard.ts); `abort` cancels the request,
+   * `done` runs once the response has ended.
+   */
+  streamBody(req: Request, frames: AsyncIterator<string>, o: { abort(): void; done(): void; errorFrame(e: unknown): string }): ReadableStream<Uint8Array> {
+    this.#streaming.add(req);
+    return guardedStream(frames, {
+      writeTimeoutMs: this.limits.writeTimeoutS * 1000,
+      maxBufferedBytes: this.limits.maxBufferedBytes,
+      abort: o.abort,
+      errorFrame: o.errorFrame,
+      beforeClose: () => this.restoreTimeout(req),
+      onEnd: () => o.done(),
+    });
+  }
+
   async route(req: Request, path: string): Promise<Response> {
-    if (req.method === "OPTIONS") return new Response(null, { status: 204, headers: this.cors(req) });
+    if (req.method === "OPTIONS") return this.policy.preflight(req);
     // The page and its files hold no secret: served without the API key (the page sends it).
     if ((req.method === "GET" || req.method === "HEAD") && this.web.has(path)) return this.web.serve(req, path);
+    const protocol = this.protocols.find((x) => x.matches(path));
+    if (protocol) return await protocol.handle(req, path);
+    if (path === "/metrics") return await this.metricsResponse(req);
     const post = ["/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"];
     const get = path === "/health" || path === "/v1/models" || path.startsWith("/v1/models/");
     if (!post.includes(path) && !get) throw new ApiError(404, `Unknown endpoint ${req.method} ${path}`, null, "not_found");
@@ -200,38 +268,30 @@ class App {
     if (!this.apiKey) return;
     const h = req.headers.get("authorization") ?? "";
     const m = /^Bearer\s+(.+)$/i.exec(h.trim());
-    const given = m ? Buffer.from(m[1]!) : null;
+    // Anthropic's clients send the key as x-api-key.
+    const raw = m ? m[1]! : req.headers.get("x-api-key");
+    const given = raw ? Buffer.from(raw) : null;
     if (!given || given.length !== this.apiKey.length || !timingSafeEqual(given, this.apiKey)) {
-      throw new ApiError(401, given ? "Incorrect API key provided" : "Missing API key: send 'Authorization: Bearer <key>'", null, "invalid_api_key");
+      throw new ApiError(401, given ? "Incorrect API key provided" : "Missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')", null, "invalid_api_key");
     }
   }
 
+  /** The body as UTF-8 text, within the size limit (413) and the body and idle timeouts (408). */
   async readBody(req: Request): Promise<string> {
-    const declared = req.headers.get("content-length");
-    if (declared !== null) {
-      const n = Number(declared);
-      if (!Number.isFinite(n) || n < 0) throw new ApiError(400, "Invalid Content-Length header", null, "invalid_request");
-      if (n > this.maxBody) throw tooLarge(this.maxBody);
-    }
-    if (!req.body) return "";
-    const chunks: Uint8Array[] = [];
-    let total = 0;
-    const reader = req.body.getReader();
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      total += value.byteLength;
-      if (total > this.maxBody) {
-        void reader.cancel().catch(() => {});
-        throw tooLarge(this.maxBody);
-      }
-      chunks.push(value);
-    }
     try {
-      return new TextDecoder("utf-8", { fatal: true }).decode(Buffer.concat(chunks));
-    } catch {
-      throw new ApiError(400, "Request body is not valid UTF-8", null, "invalid_json");
+      return await readBodyText(req, { maxBytes: this.maxBody, idleMs: this.limits.idleTimeoutS * 1000, totalMs: this.limits.bodyTimeoutS * 1000 });
+    } catch (e) {
+      if (e instanceof BodyError) this.#unread.add(req);
+      throw e;
     }
+  }
+
+  /** GET /metrics (Prometheus text format); the API key is needed when the server has one. */
+  async metricsResponse(req: Request): Promise<Response> {
+    this.authorize(req);
+    if (req.method !== "GET" && req.method !== "HEAD") throw new ApiError(405, `/metrics takes GET, not ${req.method}`, null, "method_not_allowed");
+    const m = await this.metrics.render();
+    return new Response(req.method === "HEAD" ? null : m.body, { status: 200, headers: { "Content-Type": m.contentType, ...this.cors(req) } });
   }
 
   health(req: Request): Response {
@@ -251,7 +311,7 @@ class App {
 
   models(req: Request, path: string): Response {
     if (path === "/v1/models") return this.json(req, 200, { object: "list", data: [this.modelCard()] });
-    const id = decodeURIComponent(path.slice("/v1/models/".length));
+    const id = decodePathSegment(path.slice("/v1/models/".length));
     const names = [this.opts.modelId, ...(this.opts.modelAliases ?? []), "default_model"];
     if (!names.includes(id)) throw new ApiError(404, `The model '${id}' does not exist`, "model", "model_not_found");
     return this.json(req, 200, this.modelCard());
@@ -262,8 +322,10 @@ class App {
     if (p.kind === "completion") return typeof p.prompt === "string" ? rawPromptIds(m, p.prompt) : p.prompt;
     const kwargs = { ...this.opts.chatTemplateArgs, ...p.chatTemplateKwargs };
     try {
-      return chatPromptIds(m, p.messages, { tools: p.tools, kwargs, roleMapping: p.roleMapping });
+      return chatPromptIds(m, p.messages, { tools: p.tools, kwargs, roleMapping: p.roleMapping, timeoutMs: this.limits.templateTimeoutMs });
     } catch (e) {
+      // A template that loops too long: stopped by its time budget (--template-timeout).
+      if (e instanceof TemplateTimeoutError) throw new ApiError(400, `chat template: ${e.message}`, "messages", "chat_template_timeout");
       // The template rejects the conversation (e.g. its raise_exception on a bad role order).
       throw new ApiError(400, `chat template: ${(e as Error).message}`, "messages", "invalid_value");
     }
@@ -272,10 +334,17 @@ class App {
   /** Where the prompt cache keeps snapshots of a chat prompt (the end of the system messages and of the history). */
   promptCheckpoints(p: ParsedChat, promptIds: readonly number[]): number[] {
     const kwargs = { ...this.opts.chatTemplateArgs, ...p.chatTemplateKwargs };
-    return chatPromptCheckpoints(this.opts.model, p.messages, promptIds, { tools: p.tools, kwargs });
+    try {
+      return chatPromptCheckpoints(this.opts.model, p.messages, promptIds, { tools: p.tools, kwargs, timeoutMs: this.limits.templateTimeoutMs });
+    } catch {
+      // Checkpoints only help prompt reuse: without them the request runs all the same.
+      return [];
+    }
   }
 
-  async complete(req: Request, p: ParsedRequest): Promise<Response> {
+  /** The request pipeline of every chat endpoint: prompt ids, GenerateRequest(s), one scheduler stream per choice. */
+  submit(req: Request, p: ParsedRequest, extra: SubmitExtras = {}): Submission {
+    const endpoint = requestPath(req);
     const abort = new AbortController();
     const onAbort = () => abort.abort();
     req.signal.addEventListener("abort", onAbort, { once: true });
@@ -286,22 +355,62 @@ class App {
     try {
       promptIds = this.promptIds(p);
       const greq = toGenerateRequest(p, promptIds, this.contextLength, abort.signal);
+      // The runtime's own checks of the sampling settings, now: a bad value is this request's 400,
+      // not a fault inside the scheduler (a 500, or an error event after a 200 for a stream).
+      // Every choice's (with a seed, choice i samples with seed + i).
+      try {
+        for (const r of choiceRequests(greq, p.n)) resolveSampling(r.sampling, this.opts.model.tokenizer.vocabSize);
+      } catch (e) {
+        throw new ApiError(400, (e as Error).message, null, "invalid_value");
+      }
       if (p.kind === "chat") {
         greq.cacheCheckpoints = this.promptCheckpoints(p, promptIds);
         const toolCall = this.opts.model.tokenizer.tokenToId(GEMMA4_MARKERS.toolCallStart);
         // tool_choice "none": the model cannot open a tool call.
         if (p.toolChoice.type === "none" && toolCall !== undefined) greq.logitsProcessors = [...(greq.logitsProcessors ?? []), banTokens([toolCall])];
       }
-      for (const r of choiceRequests(greq, p.n)) {
+      if (extra.logitsProcessors?.length) greq.logitsProcessors = [...(greq.logitsProcessors ?? []), ...extra.logitsProcessors];
+      for (const [i, r] of choiceRequests(greq, p.n).entries()) {
+        const own = extra.choiceProcessors?.[i];
+        if (own) r.logitsProcessors = [...(r.logitsProcessors ?? []), ...own];
         const stream = this.opts.scheduler.submit(r);
-        stream.result.then((res) => this.#countSpeculative(res), () => {});
+        if (own) stream.result.finally(() => own.forEach((x) => x.dispose())).catch(() => {});
+        stream.result.then(
+          (res) => {
+            this.#countSpeculative(res);
+            this.metrics.generation(endpoint, res);
+          },
+          () => {},
+        );
         streams.push(stream);
       }
     } catch (e) {
       abort.abort(); // the choices already submitted end at their next step
       done();
+      for (const own of extra.choiceProcessors?.slice(streams.length) ?? []) own.forEach((x) => x.dispose());
       throw e;
     }
+    return { streams, promptIds, abort, done };
+  }
+
+  /** response_format: one grammar processor per choice (a 400 naming the schema feature it cannot enforce). */
+  async grammars(p: ParsedRequest): Promise<GrammarProcessor[][] | undefined> {
+    if (p.kind !== "chat" || !p.responseFormat) return undefined;
+    const out: GrammarProcessor[][] = [];
+    try {
+      for (let i = 0; i < p.n; i++) out.push([await grammarProcessor(this.opts.model.tokenizer, p.responseFormat)]);
+    } catch (e) {
+      for (const g of out) g.forEach((x) => x.dispose());
+      const err = e as Error;
+      if (err.name === "SchemaError" || err.name === "RequestError") throw new ApiError(400, err.message, "response_format", "invalid_value");
+      throw e;
+    }
+    return out;
+  }
+
+  async complete(req: Request, p: ParsedRequest): Promise<Response> {
+    const choiceProcessors = await this.grammars(p);
+    const { streams, promptIds, abort, done } = this.submit(req, p, choiceProcessors ? { choiceProcessors } : {});
     const meta: ResponseMeta = {
       id: `${p.kind === "chat" ? "chatcmpl" : "cmpl"}-${randomUUID()}`,
       created: Math.floor(Date.now() / 1000),
@@ -341,64 +450,35 @@ class App {
    * asked for) once all have ended, and [DONE].
    */
   streamResponse(req: Request, fmts: Formatter[], streams: GenerationStream[], abort: AbortController, done: () => void): Response {
-    const enc = new TextEncoder();
     const its = streams.map((s) => s[Symbol.asyncIterator]());
     type Next = { i: number; r?: IteratorResult<GenerationEvent>; error?: unknown };
     // A failure comes back as a value, so a promise nobody races yet never rejects unhandled.
     const next = (i: number): Promise<Next> => its[i]!.next().then((r) => ({ i, r }), (error: unknown) => ({ i, error }));
-    const pending = new Map<number, Promise<Next>>(its.map((_, i) => [i, next(i)]));
-    const results: GenerationResult[] = [];
-    let finished = false;
-    const finish = () => {
-      if (finished) return;
-      finished = true;
-      done();
-    };
-    const sse = (o: unknown) => enc.encode(`data: ${JSON.stringify(o)}\n\n`);
-    const body = new ReadableStream<Uint8Array>({
-      pull: async (c) => {
-        try {
-          while (pending.size) {
-            const { i, r, error } = await Promise.race(pending.values());
-            if (error !== undefined) throw error;
-            const fmt = fmts[i]!;
-            if (r!.done) {
-              pending.delete(i);
-              const result = await streams[i]!.result;
-              results[i] = result;
-              c.enqueue(sse(fmt.finalChunk(result)));
-              return;
-            }
-            pending.set(i, next(i));
-            const chunk = fmt.addAndChunk(r!.value);
-            if (chunk) {
-              c.enqueue(sse(chunk));
-              return;
-            }
-          }
-          const f = fmts[0]!;
-          if (f.p.includeUsage) c.enqueue(sse({ ...f.base(f.chat ? "chat.completion.chunk" : "text_completion"), choices: [], usage: usageOf(results) }));
-          c.enqueue(enc.encode("data: [DONE]\n\n"));
-          c.close();
-          finish();
-        } catch (e) {
-          // Headers are gone: report the fault in the stream itself, then end it.
-          abort.abort();
-          try {
-            c.enqueue(sse(toApiError(e).body()));
-            c.close();
-          } catch {
-            // the client is gone
-          }
-          finish();
+    const sse = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`;
+    async function* frames(): AsyncGenerator<string> {
+      const pending = new Map<number, Promise<Next>>(its.map((_, i) => [i, next(i)]));
+      const results: GenerationResult[] = [];
+      while (pending.size) {
+        const { i, r, error } = await Promise.race(pending.values());
+        if (error !== undefined) throw error;
+        const fmt = fmts[i]!;
+        if (r!.done) {
+          pending.delete(i);
+          const result = await streams[i]!.result;
+          results[i] = result;
+          yield sse(fmt.finalChunk(result));
+          continue;
         }
-      },
-      cancel: () => {
-        // The client went away mid-stream: cancel the request (its cache rows are freed).
-        abort.abort();
-        finish();
-      },
-    });
+        pending.set(i, next(i));
+        const chunk = fmt.addAndChunk(r!.value);
+        if (chunk) yield sse(chunk);
+      }
+      const f = fmts[0]!;
+      if (f.p.includeUsage) yield sse({ ...f.base(f.chat ? "chat.completion.chunk" : "text_completion"), choices: [], usage: usageOf(results) });
+      yield "data: [DONE]\n\n";
+    }
+    // Headers are gone once streaming: a fault is reported in the stream itself, then it ends.
+    const body = this.streamBody(req, frames(), { abort: () => abort.abort(), done, errorFrame: (e) => sse(toApiError(e).body()) });
     return new Response(body, {
       status: 200,
       headers: { "Content-Type": "text/event-stream", "Cache-Control": "no-cache", Connection: "keep-alive", ...this.cors(req) },
@@ -406,8 +486,10 @@ class App {
   }
 }
 
-function tooLarge(limit: number): ApiError {
-  return new ApiError(413, `Request body is larger than the limit of ${limit} bytes`, null, "request_too_large");
+/** Whether the request announced a body (Content-Length > 0 or a chunked transfer encoding). */
+function hasBody(req: Request): boolean {
+  const n = req.headers.get("content-length");
+  return (n !== null && n.trim() !== "0") || req.headers.has("transfer-encoding");
 }
 
 /** Map anything thrown while serving to an ApiError: the runtime's RequestError is the caller's fault (400). */
@@ -478,7 +560,9 @@ class Formatter {
   add(ev: GenerationEvent): { entry: LogprobEntry | null; delta: OutputDelta | null } {
     this.text += ev.text;
     const e = this.entry(ev);
-    if (e) this.entries.push(e);
+    // Kept for the whole response's logprobs only: a stream sends each entry in its chunk, and
+    // keeping them all would hold ~KBs per token per choice until the stream ends.
+    if (e && !this.p.stream) this.entries.push(e);
     return { entry: e, delta: this.output && ev.text ? this.output.push(ev.text) : null };
   }
 

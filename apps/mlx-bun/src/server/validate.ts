@@ -3,7 +3,7 @@
 // here: what depends on the model (vocabulary size, accepted model names, context length) comes in
 // as plain numbers and strings, so every bad request can be unit-tested on its own.
 import type { ChatMessage } from "@mlx-bun/models";
-import type { GenerateRequest, SamplingParams } from "@mlx-bun/runtime";
+import type { GenerateRequest, SamplingParams, StructuredFormat } from "@mlx-bun/runtime";
 import { ApiError, badField } from "./errors.ts";
 
 /** Server-wide defaults (mlx_lm.server's --max-tokens, --temp, --top-p, --top-k, --min-p; XTC is ours). */
@@ -61,6 +61,8 @@ export interface ParsedChat extends ParsedCommon {
   roleMapping: Record<string, string> | null;
   /** tool_choice: "auto" (default with tools), "none", "required", or one named function. */
   toolChoice: ToolChoice;
+  /** response_format json_object / json_schema: the output is constrained by a grammar; null: text. */
+  responseFormat: StructuredFormat | null;
 }
 
 /** OpenAI's tool_choice. */
@@ -360,7 +362,51 @@ export function parseChatRequest(body: Record<string, unknown>, ctx: ValidationC
     for (const [k, v] of Object.entries(rm)) if (typeof v !== "string") throw badField("role_mapping", `role_mapping.${k} must be a string`, "invalid_type");
     roleMapping = rm as Record<string, string>;
   }
-  return { kind: "chat", ...common, messages, tools, chatTemplateKwargs, roleMapping, toolChoice };
+  const responseFormat = parseResponseFormat(body.response_format, tools, toolChoice);
+  return { kind: "chat", ...common, messages, tools, chatTemplateKwargs, roleMapping, toolChoice, responseFormat };
+}
+
+/**
+ * OpenAI's response_format: {type: "text"} (the default), {type: "json_object"}, or
+ * {type: "json_schema", json_schema: {name, description?, schema?, strict?}}. Every field is read:
+ * unknown ones are 400s. The schema itself is checked when its grammar is built (http.ts).
+ */
+export function parseResponseFormat(v: unknown, tools: unknown[] | null = null, toolChoice: ToolChoice = { type: "auto" }): StructuredFormat | null {
+  if (v === undefined || v === null) return null;
+  const P = "response_format";
+  if (!isObject(v)) throw badField(P, `${P} must be an object, got ${typeName(v)}`, "invalid_type");
+  const only = (o: Record<string, unknown>, path: string, keys: string[]) => {
+    for (const k of Object.keys(o)) if (!keys.includes(k)) throw badField(P, `${path}.${k} is not a known field (expected ${keys.join(", ")})`);
+  };
+  let out: StructuredFormat | null;
+  if (v.type === "text") {
+    only(v, P, ["type"]);
+    out = null;
+  } else if (v.type === "json_object") {
+    only(v, P, ["type"]);
+    out = { type: "json_object" };
+  } else if (v.type === "json_schema") {
+    only(v, P, ["type", "json_schema"]);
+    const js = v.json_schema;
+    if (!isObject(js)) throw badField(P, `${P}.json_schema must be an object, got ${typeName(js)}`, js === undefined ? "missing_required_parameter" : "invalid_type");
+    only(js, `${P}.json_schema`, ["name", "description", "schema", "strict"]);
+    if (typeof js.name !== "string" || !/^[A-Za-z0-9_-]{1,64}$/.test(js.name)) {
+      throw badField(P, `${P}.json_schema.name must be 1-64 letters, digits, underscores or dashes, got ${JSON.stringify(js.name)}`);
+    }
+    if (js.description !== undefined && js.description !== null && typeof js.description !== "string") throw badField(P, `${P}.json_schema.description must be a string`, "invalid_type");
+    // strict: accepted; the schema is always enforced (strict or not), as OpenAI's strict mode.
+    if (js.strict !== undefined && js.strict !== null && typeof js.strict !== "boolean") throw badField(P, `${P}.json_schema.strict must be a boolean`, "invalid_type");
+    const schema = js.schema;
+    if (schema !== undefined && schema !== null && !isObject(schema) && typeof schema !== "boolean") throw badField(P, `${P}.json_schema.schema must be an object, got ${typeName(schema)}`, "invalid_type");
+    out = { type: "json_schema", schema: schema ?? {} };
+  } else {
+    throw badField(P, `${P}.type must be "text", "json_object" or "json_schema", got ${JSON.stringify(v.type)}`);
+  }
+  // The grammar allows only the JSON: a tool call could never be generated.
+  if (out && tools && toolChoice.type !== "none") {
+    throw unsupported(P, `${P} ${out.type} together with tools is not supported (a tool call could not be generated); send tool_choice "none" or no tools`);
+  }
+  return out;
 }
 
 // ---- /v1/completions -------------------------------------------------------------------------
@@ -384,6 +430,10 @@ export function parseCompletionRequest(body: Record<string, unknown>, ctx: Valid
   if (str(body, "suffix")) throw unsupported("suffix", "suffix is not supported");
   const bestOf = int(body, "best_of", 1, { min: 1 });
   if (bestOf !== 1) throw unsupported("best_of", "only best_of=1 is supported");
+  // Neither OpenAI's legacy completions nor mlx_lm.server take response_format here.
+  if (body.response_format !== undefined && body.response_format !== null) {
+    throw unsupported("response_format", "response_format is only supported by /v1/chat/completions");
+  }
   return { kind: "completion", ...common, prompt };
 }
 

@@ -1,23 +1,36 @@
 // The web chat of `mlx-bun serve`: one page on the API's own port. Replies stream from
 // /v1/chat/completions (SSE read with fetch + ReadableStream); Stop aborts the fetch, and the
-// server cancels the request. Conversations and settings live in localStorage.
-import { renderMarkdown } from "./markdown.ts";
-import { type ChatChunk, readChatStream } from "./sse.ts";
+// server cancels the request. Conversations (a tree of branches), settings and the layout live in
+// localStorage. A reply keeps streaming into its conversation while another one is shown.
+import { onRenderersLoaded, renderMarkdown } from "./markdown.ts";
+import { checkSettings, NUMBER_FIELDS, type NumericKey, samplingFields } from "./settings.ts";
+import { readChatStream, ReplyAccumulator } from "./sse.ts";
 import {
+  addMessage,
   apiMessages,
   type Conversation,
+  exportJson,
+  type Layout,
   loadConversations,
   loadCurrentId,
+  loadLayout,
   loadSettings,
   type Message,
+  mergeImported,
   newId,
+  parseImport,
+  pathOf,
   type ReplyStats,
-  samplingFields,
   saveConversations,
   saveCurrentId,
+  saveLayout,
   saveSettings,
+  searchConversations,
   type Settings,
+  setLeaf,
+  siblingsOf,
   sortConversations,
+  switchVersion,
   titleFor,
 } from "./store.ts";
 
@@ -27,16 +40,44 @@ const $ = <T extends HTMLElement>(id: string): T => {
   return el as T;
 };
 
+function el<K extends keyof HTMLElementTagNameMap>(tag: K, props: Partial<Record<string, string>> = {}, ...children: (Node | string)[]): HTMLElementTagNameMap[K] {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(props)) {
+    if (v === undefined) continue;
+    if (k === "class") e.className = v;
+    else if (k === "text") e.textContent = v;
+    else e.setAttribute(k, v);
+  }
+  e.append(...children);
+  return e;
+}
+
 const ui = {
+  app: $<HTMLDivElement>("app"),
+  sidebar: $<HTMLElement>("sidebar"),
+  settingsPanel: $<HTMLElement>("settings-panel"),
+  backdrop: $<HTMLDivElement>("backdrop"),
+  chat: $<HTMLElement>("chat"),
+  toggleSidebar: $<HTMLButtonElement>("toggle-sidebar"),
+  closeSidebar: $<HTMLButtonElement>("close-sidebar"),
+  toggleSettings: $<HTMLButtonElement>("toggle-settings"),
+  closeSettings: $<HTMLButtonElement>("close-settings"),
+  settingsBadge: $<HTMLSpanElement>("settings-badge"),
   newChat: $<HTMLButtonElement>("new-chat"),
+  search: $<HTMLInputElement>("search"),
   list: $<HTMLUListElement>("conversations"),
   noConversations: $<HTMLParagraphElement>("no-conversations"),
+  noMatches: $<HTMLParagraphElement>("no-matches"),
+  exportBtn: $<HTMLButtonElement>("export"),
+  importBtn: $<HTMLButtonElement>("import"),
+  importFile: $<HTMLInputElement>("import-file"),
   settings: $<HTMLFormElement>("settings"),
-  temperature: $<HTMLInputElement>("temperature"),
-  topP: $<HTMLInputElement>("top-p"),
-  maxTokens: $<HTMLInputElement>("max-tokens"),
+  settingsSummary: $<HTMLParagraphElement>("settings-summary"),
+  numberFields: $<HTMLDivElement>("number-fields"),
+  stopSequences: $<HTMLTextAreaElement>("stop-sequences"),
   systemPrompt: $<HTMLTextAreaElement>("system-prompt"),
   apiKey: $<HTMLInputElement>("api-key"),
+  resetSettings: $<HTMLButtonElement>("reset-settings"),
   title: $<HTMLHeadingElement>("chat-title"),
   model: $<HTMLElement>("model-name"),
   kv: $<HTMLElement>("kv-mode"),
@@ -54,15 +95,84 @@ const ui = {
 const store = window.localStorage;
 const API_KEY_SLOT = "mlx-bun.chat.api-key";
 
+interface Stream {
+  controller: AbortController;
+  conv: Conversation;
+  message: Message;
+  frame: number;
+}
+
 const state = {
   conversations: loadConversations(store),
+  /** The conversation shown; null: a new one, not saved until its first message. */
   current: null as Conversation | null,
   settings: loadSettings(store),
+  /** Element id → why the server would refuse the value typed there. */
+  invalid: new Map<string, string>(),
   /** The model id requests name; "default_model" is always accepted. */
   modelId: "default_model",
-  /** The reply being streamed. */
-  streaming: null as { controller: AbortController; conv: Conversation; message: Message } | null,
+  /** Replies being streamed, by conversation id (one per conversation). */
+  streams: new Map<string, Stream>(),
+  /** The user message being edited. */
+  editing: null as string | null,
+  /** The conversation being renamed in the list, and the title typed so far. */
+  renaming: null as string | null,
+  renameDraft: "",
+  layout: loadLayout(store),
+  open: { sidebar: false, settings: false },
 };
+
+const streamOf = (c: Conversation | null) => (c ? state.streams.get(c.id) : undefined);
+
+// ---------- layout: panels beside the chat (wide), or over it (narrow) ----------
+
+const narrowQuery = window.matchMedia("(max-width: 899px)");
+const isNarrow = () => narrowQuery.matches;
+
+function applyLayout(): void {
+  const { sidebar, settings } = state.open;
+  ui.app.dataset.sidebar = sidebar ? "open" : "closed";
+  ui.app.dataset.settings = settings ? "open" : "closed";
+  ui.toggleSidebar.setAttribute("aria-expanded", String(sidebar));
+  ui.toggleSettings.setAttribute("aria-expanded", String(settings));
+  const overlay = isNarrow() && (sidebar || settings);
+  ui.backdrop.hidden = !overlay;
+  ui.chat.inert = overlay;
+  ui.app.dataset.overlay = String(overlay);
+}
+
+function setPanel(which: "sidebar" | "settings", open: boolean, focus = true): void {
+  if (state.open[which] === open) return;
+  state.open[which] = open;
+  // Over the chat only one panel at a time.
+  if (open && isNarrow()) state.open[which === "sidebar" ? "settings" : "sidebar"] = false;
+  if (!isNarrow()) {
+    state.layout[which] = open;
+    saveLayout(store, state.layout);
+  }
+  applyLayout();
+  if (!focus) return;
+  if (open) (which === "sidebar" ? ui.search : (ui.settings.querySelector<HTMLElement>("input, textarea") ?? ui.closeSettings)).focus();
+  else (which === "sidebar" ? ui.toggleSidebar : ui.toggleSettings).focus();
+}
+
+function closeOverlays(): boolean {
+  if (!isNarrow()) return false;
+  const which = state.open.sidebar ? "sidebar" : state.open.settings ? "settings" : null;
+  if (!which) return false;
+  setPanel(which, false);
+  return true;
+}
+
+narrowQuery.addEventListener("change", () => {
+  state.open = isNarrow() ? { sidebar: false, settings: false } : { ...state.layout };
+  applyLayout();
+});
+ui.toggleSidebar.addEventListener("click", () => setPanel("sidebar", !state.open.sidebar));
+ui.closeSidebar.addEventListener("click", () => setPanel("sidebar", false));
+ui.toggleSettings.addEventListener("click", () => setPanel("settings", !state.open.settings));
+ui.closeSettings.addEventListener("click", () => setPanel("settings", false));
+ui.backdrop.addEventListener("click", () => closeOverlays());
 
 // ---------- server info (/health) ----------
 
@@ -74,6 +184,7 @@ async function refreshHealth(): Promise<void> {
     if (typeof h.model === "string") {
       state.modelId = h.model;
       ui.model.textContent = h.model;
+      ui.model.title = h.model;
     }
     ui.kv.textContent = typeof h.kv_mode === "string" ? h.kv_mode : "unknown";
     ui.active.textContent = String(h.active_requests ?? "?");
@@ -91,47 +202,95 @@ function scheduleHealth(): void {
       if (document.visibilityState !== "hidden") await refreshHealth();
       scheduleHealth();
     },
-    state.streaming ? 500 : 2000,
+    state.streams.size ? 500 : 2000,
   );
 }
 
 // ---------- settings ----------
 
-function parseField(input: HTMLInputElement, lo: number, hi: number, integer: boolean): number | null {
-  const raw = input.value.trim();
-  if (raw === "") {
-    input.removeAttribute("aria-invalid");
-    return null;
+const GROUPS: Record<string, string> = { sampling: "Sampling", length: "Length", penalties: "Repetition penalties", xtc: "XTC (exclude top choices)" };
+const numberInputs = new Map<NumericKey, HTMLInputElement>();
+
+function buildSettingsForm(): void {
+  for (const [group, legend] of Object.entries(GROUPS)) {
+    const fs = el("fieldset", {}, el("legend", { text: legend }));
+    for (const f of NUMBER_FIELDS.filter((x) => x.group === group)) {
+      const input = el("input", {
+        id: f.id,
+        name: f.api,
+        type: "text",
+        inputmode: f.integer && (f.min ?? -1) >= 0 ? "numeric" : "decimal",
+        autocomplete: "off",
+        spellcheck: "false",
+        placeholder: "server default",
+        "aria-describedby": `${f.id}-help ${f.id}-error`,
+      });
+      numberInputs.set(f.key, input);
+      fs.append(
+        el(
+          "div",
+          { class: "field" },
+          el("label", { for: f.id, text: f.label }),
+          input,
+          el("p", { id: `${f.id}-help`, class: "help", text: `${f.help} (${f.api})` }),
+          el("p", { id: `${f.id}-error`, class: "field-error", hidden: "" }),
+        ),
+      );
+    }
+    ui.numberFields.append(fs);
   }
-  const v = Number(raw);
-  const ok = Number.isFinite(v) && v >= lo && v <= hi && (!integer || Number.isInteger(v));
-  if (ok) input.removeAttribute("aria-invalid");
-  else input.setAttribute("aria-invalid", "true");
-  return ok ? v : null;
 }
 
-function readSettings(): Settings {
-  return {
-    temperature: parseField(ui.temperature, 0, 2, false),
-    topP: parseField(ui.topP, 0, 1, false),
-    maxTokens: parseField(ui.maxTokens, 1, 1_000_000, true),
-    systemPrompt: ui.systemPrompt.value,
-  };
+/** Reads the form, marks every invalid field and keeps the valid values. */
+function readSettings(): void {
+  const raw: Partial<Record<NumericKey, string>> = {};
+  for (const [k, input] of numberInputs) raw[k] = input.value;
+  const { settings, errors } = checkSettings(raw, { stop: ui.stopSequences.value, systemPrompt: ui.systemPrompt.value });
+  state.settings = settings;
+  state.invalid = errors;
+  for (const f of NUMBER_FIELDS) {
+    const input = numberInputs.get(f.key)!;
+    const err = errors.get(f.id);
+    const p = $<HTMLParagraphElement>(`${f.id}-error`);
+    if (err) input.setAttribute("aria-invalid", "true");
+    else input.removeAttribute("aria-invalid");
+    p.textContent = err ?? "";
+    p.hidden = !err;
+  }
+  ui.settingsBadge.hidden = errors.size === 0;
+  ui.settingsSummary.hidden = errors.size === 0;
+  ui.settingsSummary.textContent = errors.size ? `${errors.size === 1 ? "One value is" : `${errors.size} values are`} invalid: nothing is sent until ${errors.size === 1 ? "it is" : "they are"} fixed or cleared.` : "";
+  saveSettings(store, settings);
 }
 
 function showSettings(s: Settings): void {
-  ui.temperature.value = s.temperature === null ? "" : String(s.temperature);
-  ui.topP.value = s.topP === null ? "" : String(s.topP);
-  ui.maxTokens.value = s.maxTokens === null ? "" : String(s.maxTokens);
+  for (const f of NUMBER_FIELDS) numberInputs.get(f.key)!.value = s[f.key] === null ? "" : String(s[f.key]);
+  ui.stopSequences.value = s.stop;
   ui.systemPrompt.value = s.systemPrompt;
 }
 
-ui.settings.addEventListener("input", () => {
-  state.settings = readSettings();
-  saveSettings(store, state.settings);
+/** False (and says why, with the settings open at the first bad field) when a value is invalid. */
+function settingsOk(): boolean {
+  readSettings();
+  const first = state.invalid.entries().next();
+  if (first.done) return true;
+  const [id, msg] = first.value;
+  showError(`Not sent: ${msg} Fix it in Settings, or clear it to use the server's default.`);
+  setPanel("settings", true, false);
+  $<HTMLInputElement>(id).focus();
+  return false;
+}
+
+ui.settings.addEventListener("input", (e) => {
+  if (e.target !== ui.apiKey) readSettings();
 });
 ui.settings.addEventListener("submit", (e) => e.preventDefault());
 ui.apiKey.addEventListener("input", () => sessionStorage.setItem(API_KEY_SLOT, ui.apiKey.value));
+ui.resetSettings.addEventListener("click", () => {
+  showSettings({ ...state.settings, ...Object.fromEntries(NUMBER_FIELDS.map((f) => [f.key, null])), stop: "" });
+  readSettings();
+  announce("Sampling settings reset to the server's defaults");
+});
 
 // ---------- conversations ----------
 
@@ -142,55 +301,118 @@ function persist(): void {
 function renderList(): void {
   state.conversations = sortConversations(state.conversations);
   const saved = state.conversations.filter((c) => c.messages.length > 0);
+  const q = ui.search.value.trim();
+  const shown = searchConversations(saved, q);
   ui.noConversations.hidden = saved.length > 0;
-  ui.list.replaceChildren(
-    ...saved.map((c) => {
-      const li = document.createElement("li");
-      li.className = "conversation";
-      const open = document.createElement("button");
-      open.type = "button";
-      open.className = "conversation-open";
-      open.dataset.id = c.id;
-      if (c === state.current) open.setAttribute("aria-current", "true");
-      const title = document.createElement("span");
-      title.className = "conversation-title";
-      title.textContent = c.title;
-      const when = document.createElement("span");
-      when.className = "conversation-date muted small";
-      when.textContent = new Date(c.updated || c.created).toLocaleString();
-      open.append(title, when);
-      open.addEventListener("click", () => openConversation(c.id));
-      const del = document.createElement("button");
-      del.type = "button";
-      del.className = "conversation-delete";
-      del.setAttribute("aria-label", `Delete conversation: ${c.title}`);
-      del.title = "Delete";
-      del.textContent = "×";
-      del.addEventListener("click", () => deleteConversation(c.id));
-      li.append(open, del);
-      return li;
-    }),
-  );
+  ui.noMatches.hidden = !(saved.length > 0 && shown.length === 0);
+  ui.noMatches.textContent = `No conversation matches “${q}”.`;
+  ui.list.replaceChildren(...shown.map(listItem));
+}
+
+function listItem(c: Conversation): HTMLLIElement {
+  const li = el("li", { class: "conversation", "data-id": c.id });
+  if (state.renaming === c.id) {
+    const input = el("input", { id: "rename-input", type: "text", autocomplete: "off" });
+    input.value = state.renameDraft;
+    input.addEventListener("input", () => (state.renameDraft = input.value));
+    const form = el(
+      "form",
+      { class: "rename-form" },
+      el("label", { for: "rename-input", class: "visually-hidden", text: `New title for “${c.title}”` }),
+      input,
+      el("button", { type: "submit", class: "primary small-button", text: "Save" }),
+      el("button", { type: "button", class: "small-button", text: "Cancel" }),
+    );
+    const done = (save: boolean) => {
+      if (state.renaming !== c.id) return;
+      state.renaming = null;
+      if (save) renameConversation(c, input.value);
+      renderList();
+      ui.list.querySelector<HTMLButtonElement>(`[data-id="${CSS.escape(c.id)}"] .conversation-open`)?.focus();
+    };
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      done(true);
+    });
+    form.querySelector("button[type=button]")!.addEventListener("click", () => done(false));
+    input.addEventListener("keydown", (e) => {
+      if (e.key === "Escape") {
+        e.preventDefault();
+        e.stopPropagation();
+        done(false);
+      }
+    });
+    li.append(form);
+    queueMicrotask(() => {
+      if (document.activeElement === input) return;
+      input.focus();
+      input.select();
+    });
+    return li;
+  }
+  const open = el("button", { type: "button", class: "conversation-open", "data-id": c.id });
+  if (c === state.current) open.setAttribute("aria-current", "true");
+  open.append(el("span", { class: "conversation-title", text: c.title }), el("span", { class: "conversation-date muted small", text: new Date(c.updated || c.created).toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" }) }));
+  if (state.streams.has(c.id)) open.append(el("span", { class: "conversation-busy small", text: "replying…" }));
+  open.addEventListener("click", () => {
+    openConversation(c.id);
+    if (isNarrow()) setPanel("sidebar", false, false);
+    ui.prompt.focus();
+  });
+  const rename = el("button", { type: "button", class: "conversation-rename icon-button", "aria-label": `Rename conversation: ${c.title}`, title: "Rename" }, el("span", { "aria-hidden": "true", text: "✎" }));
+  rename.addEventListener("click", () => {
+    state.renaming = c.id;
+    state.renameDraft = c.title;
+    renderList();
+  });
+  const del = el("button", { type: "button", class: "conversation-delete icon-button", "aria-label": `Delete conversation: ${c.title}`, title: "Delete" }, el("span", { "aria-hidden": "true", text: "×" }));
+  del.addEventListener("click", () => deleteConversation(c.id));
+  li.append(open, rename, del);
+  return li;
+}
+
+function renameConversation(c: Conversation, title: string): void {
+  const t = title.replace(/\s+/g, " ").trim();
+  if (t) {
+    c.title = t;
+    c.renamed = true;
+  } else {
+    delete c.renamed;
+    c.title = titleFor(pathOf(c));
+  }
+  persist();
+  if (c === state.current) showTitle();
+  announce(`Renamed to “${c.title}”`);
+}
+
+function showTitle(): void {
+  const c = state.current;
+  ui.title.textContent = c ? c.title : "New conversation";
+  document.title = c ? `${c.title} · mlx-bun chat` : "mlx-bun chat";
 }
 
 function openConversation(id: string | null): void {
-  stopReply();
   state.current = (id && state.conversations.find((c) => c.id === id)) || null;
+  state.editing = null;
   saveCurrentId(store, state.current?.id ?? null);
+  showError(null);
   renderConversation();
   renderList();
 }
 
 function newConversation(): void {
+  const running = streamOf(state.current);
   openConversation(null);
-  announce("New conversation");
+  if (isNarrow()) setPanel("sidebar", false, false);
+  // A reply being written keeps going in its own conversation (shown as "replying…" in the list).
+  announce(running ? `New conversation. The reply in “${running.conv.title}” keeps going.` : "New conversation");
   ui.prompt.focus();
 }
 
 function deleteConversation(id: string): void {
   const c = state.conversations.find((x) => x.id === id);
-  if (!c || !confirmDelete(c)) return;
-  if (state.streaming?.conv === c) stopReply();
+  if (!c || !window.confirm(`Delete “${c.title}”?`)) return;
+  state.streams.get(c.id)?.controller.abort();
   state.conversations = state.conversations.filter((x) => x !== c);
   persist();
   if (state.current === c) openConversation(null);
@@ -199,94 +421,240 @@ function deleteConversation(id: string): void {
   ui.newChat.focus();
 }
 
-function confirmDelete(c: Conversation): boolean {
-  return window.confirm(`Delete “${c.title}”?`);
-}
+// ---------- export / import ----------
+
+ui.exportBtn.addEventListener("click", () => {
+  const saved = state.conversations.filter((c) => c.messages.length > 0);
+  if (!saved.length) {
+    announce("Nothing to export yet");
+    return;
+  }
+  const url = URL.createObjectURL(new Blob([exportJson(saved)], { type: "application/json" }));
+  const a = el("a", { href: url, download: `mlx-bun-chats-${new Date().toISOString().slice(0, 10)}.json`, class: "visually-hidden" });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 30_000);
+  announce(`Exported ${saved.length} conversation${saved.length === 1 ? "" : "s"}`);
+});
+ui.importBtn.addEventListener("click", () => ui.importFile.click());
+ui.importFile.addEventListener("change", async () => {
+  const file = ui.importFile.files?.[0];
+  ui.importFile.value = "";
+  if (!file) return;
+  try {
+    const imported = parseImport(await file.text());
+    const { list, added, skipped } = mergeImported(state.conversations, imported);
+    state.conversations = list;
+    persist();
+    renderList();
+    showError(null);
+    announce(`Imported ${added} conversation${added === 1 ? "" : "s"}${skipped ? ` (${skipped} already here)` : ""}`);
+  } catch (e) {
+    showError(`Import failed: ${(e as Error).message}.`);
+  }
+});
+
+ui.search.addEventListener("input", renderList);
+ui.search.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && ui.search.value) {
+    e.stopPropagation();
+    ui.search.value = "";
+    renderList();
+  }
+});
 
 // ---------- messages ----------
 
-const views = new WeakMap<Message, { article: HTMLElement; body: HTMLElement; stats: HTMLElement }>();
-
-function renderConversation(): void {
-  const c = state.current;
-  ui.title.textContent = c ? c.title : "New conversation";
-  document.title = c ? `${c.title} · mlx-bun chat` : "mlx-bun chat";
-  ui.messages.replaceChildren(...(c?.messages ?? []).map(messageView));
-  if (!c?.messages.length) ui.messages.append(ui.empty);
-  scrollToEnd(true);
+interface View {
+  article: HTMLElement;
+  body: HTMLElement;
+  reasoning: HTMLDetailsElement;
+  reasoningSummary: HTMLElement;
+  reasoningBody: HTMLElement;
+  /** The reader opened or closed the reasoning: leave it as they set it. */
+  reasoningTouched: boolean;
+  tools: HTMLElement;
+  error: HTMLElement;
+  stats: HTMLElement;
 }
 
-function messageView(m: Message): HTMLElement {
-  const article = document.createElement("article");
-  article.className = `message message-${m.role}`;
-  const who = document.createElement("h3");
-  who.className = "message-role";
-  who.textContent = m.role === "user" ? "You" : m.role === "assistant" ? "Assistant" : "System";
-  const body = document.createElement("div");
-  body.className = "message-content";
-  const stats = document.createElement("p");
-  stats.className = "message-stats muted small";
-  article.append(who, body, stats);
-  views.set(m, { article, body, stats });
-  fillMessage(m, true);
+const views = new WeakMap<Message, View>();
+
+function renderConversation(keepScroll = false): void {
+  const c = state.current;
+  showTitle();
+  const path = c ? pathOf(c) : [];
+  ui.messages.replaceChildren(...path.map((m) => messageView(c!, m)));
+  if (!path.length) ui.messages.append(ui.empty);
+  refreshControls();
+  if (!keepScroll) scrollToEnd(true);
+}
+
+const ROLE_NAMES = { user: "You", assistant: "Assistant", system: "System" } as const;
+
+function messageView(c: Conversation, m: Message): HTMLElement {
+  const article = el("article", { class: `message message-${m.role}`, "data-id": m.id });
+  const head = el("header", { class: "message-head" }, el("h3", { class: "message-role", text: ROLE_NAMES[m.role] }));
+  const sibs = siblingsOf(c, m);
+  if (sibs.length > 1) {
+    const i = sibs.indexOf(m);
+    const prev = el("button", { type: "button", class: "icon-button version-prev", "aria-label": `Previous version of this ${m.role === "user" ? "message" : "reply"}`, title: "Previous version" }, el("span", { "aria-hidden": "true", text: "‹" }));
+    const next = el("button", { type: "button", class: "icon-button version-next", "aria-label": `Next version of this ${m.role === "user" ? "message" : "reply"}`, title: "Next version" }, el("span", { "aria-hidden": "true", text: "›" }));
+    prev.disabled = i === 0;
+    next.disabled = i === sibs.length - 1;
+    prev.addEventListener("click", () => showVersion(c, m, -1));
+    next.addEventListener("click", () => showVersion(c, m, 1));
+    head.append(el("div", { class: "versions", role: "group", "aria-label": "Versions", "data-index": String(i), "data-count": String(sibs.length) }, prev, el("span", { class: "version-count small", text: `${i + 1} / ${sibs.length}`, "aria-label": `version ${i + 1} of ${sibs.length}` }), next));
+  }
+  const reasoningSummary = el("summary", { class: "reasoning-summary" });
+  const reasoningBody = el("div", { class: "reasoning-content" });
+  const reasoning = el("details", { class: "reasoning" }, reasoningSummary, reasoningBody);
+  const body = el("div", { class: "message-content" });
+  const tools = el("div", { class: "tool-calls" });
+  const error = el("p", { class: "error message-error" });
+  const stats = el("p", { class: "message-stats muted small" });
+  const actions = el("div", { class: "message-actions", role: "group", "aria-label": "Message actions" });
+  const copy = el("button", { type: "button", class: "small-button action-copy", text: "Copy", "aria-label": `Copy ${m.role === "user" ? "message" : "reply"}` });
+  copy.addEventListener("click", () => copyText(messageText(m), copy, "Copy"));
+  actions.append(copy);
+  if (m.role === "user") {
+    const edit = el("button", { type: "button", class: "small-button action-edit needs-idle", text: "Edit", "aria-label": "Edit message" });
+    edit.addEventListener("click", () => startEdit(m));
+    actions.append(edit);
+  } else if (m.role === "assistant") {
+    const regen = el("button", { type: "button", class: "small-button action-regenerate needs-idle", text: "Regenerate", "aria-label": "Regenerate reply" });
+    regen.addEventListener("click", () => regenerate(c, m));
+    actions.append(regen);
+  }
+  article.append(head, reasoning, body, tools, error, stats, actions);
+  const v: View = { article, body, reasoning, reasoningSummary, reasoningBody, reasoningTouched: false, tools, error, stats };
+  reasoningSummary.addEventListener("click", () => (v.reasoningTouched = true));
+  views.set(m, v);
+  const streaming = streamOf(c)?.message === m;
+  if (streaming) {
+    article.classList.add("streaming");
+    article.setAttribute("aria-busy", "true");
+  } else if (m.role === "assistant") article.setAttribute("aria-busy", "false");
+  if (state.editing === m.id) fillEditor(m, v);
+  else fillMessage(m, !streaming);
   return article;
 }
 
-/** Show a message's text (markdown for replies, plain text for the user's) and its stats. */
+function messageText(m: Message): string {
+  const calls = (m.toolCalls ?? []).map((t) => `${t.name}(${t.arguments})`);
+  return [m.content, ...calls].filter(Boolean).join("\n\n");
+}
+
+/** Show a message's reasoning, text (markdown for replies, plain text for the user's), tool calls and stats. */
 function fillMessage(m: Message, final: boolean): void {
   const v = views.get(m);
   if (!v) return;
+  const thinking = !final && !m.content && !m.toolCalls?.length;
+  if (m.reasoning) {
+    v.reasoning.hidden = false;
+    v.reasoningBody.innerHTML = renderMarkdown(m.reasoning);
+    const ms = m.stats?.reasoningMs;
+    v.reasoningSummary.textContent = thinking ? "Thinking…" : ms ? `Reasoning · ${(ms / 1000).toFixed(1)} s` : "Reasoning";
+    // Open while the model thinks, closed once it answers (unless the reader chose).
+    if (!v.reasoningTouched) v.reasoning.open = thinking;
+  } else v.reasoning.hidden = true;
   if (m.role === "assistant") {
     v.body.innerHTML = renderMarkdown(m.content);
-    if (final) addCopyButtons(v.body);
+    if (final) decorateCode(v.body);
   } else v.body.textContent = m.content;
-  if (m.error) {
-    const e = document.createElement("p");
-    e.className = "error";
-    e.textContent = m.error;
-    v.body.append(e);
-  }
-  v.stats.textContent = m.stats ? formatStats(m.stats) : "";
+  // A reply that only reasoned or called tools has no text box.
+  v.body.hidden = m.role === "assistant" && !m.content && (!!m.reasoning || !!m.toolCalls?.length);
+  v.tools.replaceChildren(...(m.toolCalls ?? []).map(toolCallView));
+  v.tools.hidden = !m.toolCalls?.length;
+  v.error.textContent = m.error ?? "";
+  v.error.hidden = !m.error;
+  v.stats.replaceChildren(...(m.stats ? statsNodes(m.stats) : []));
   v.stats.hidden = !m.stats;
 }
 
-function addCopyButtons(root: HTMLElement): void {
+function toolCallView(t: { id: string; type: string; name: string; arguments: string }): HTMLElement {
+  let args = t.arguments;
+  try {
+    args = JSON.stringify(JSON.parse(t.arguments), null, 2);
+  } catch {
+    // not JSON: shown as the server sent it
+  }
+  return el(
+    "div",
+    { class: "tool-call", role: "group", "aria-label": `Tool call: ${t.name}` },
+    el("p", { class: "tool-call-head" }, el("span", { class: "tool-call-kind", text: "Tool call" }), " ", el("code", { class: "tool-name", text: t.name }), t.id ? el("span", { class: "tool-id muted small", text: t.id }) : ""),
+    el("pre", {}, el("code", { class: "tool-arguments", text: args })),
+  );
+}
+
+/** Code blocks: a language label and a Copy button. */
+function decorateCode(root: HTMLElement): void {
   for (const pre of root.querySelectorAll("pre")) {
-    const b = document.createElement("button");
-    b.type = "button";
-    b.className = "copy-code";
-    b.textContent = "Copy";
-    b.setAttribute("aria-label", "Copy code");
-    b.addEventListener("click", async () => {
-      try {
-        await navigator.clipboard.writeText(pre.querySelector("code")?.textContent ?? pre.textContent ?? "");
-        b.textContent = "Copied";
-      } catch {
-        b.textContent = "Copy failed";
-      }
-      setTimeout(() => (b.textContent = "Copy"), 1500);
-    });
-    const wrap = document.createElement("div");
-    wrap.className = "code-block";
+    const code = pre.querySelector("code");
+    const lang = /(?:^|\s)language-(\S+)/.exec(code?.className ?? "")?.[1] ?? "";
+    const b = el("button", { type: "button", class: "copy-code small-button", text: "Copy", "aria-label": `Copy code${lang ? ` (${lang})` : ""}` });
+    b.addEventListener("click", () => copyText(code?.textContent ?? pre.textContent ?? "", b, "Copy"));
+    const bar = el("div", { class: "code-bar" }, el("span", { class: "code-lang", text: lang || "code" }), b);
+    const wrap = el("div", { class: "code-block" });
     pre.replaceWith(wrap);
-    wrap.append(b, pre);
+    wrap.append(bar, pre);
   }
 }
 
-function formatStats(s: ReplyStats): string {
-  const parts: string[] = [];
-  if (s.ttftMs !== null) parts.push(`time to first token ${(s.ttftMs / 1000).toFixed(2)} s`);
-  if (s.tps !== null) parts.push(`${s.tps.toFixed(1)} tokens/s`);
-  parts.push(`${s.tokens} token${s.tokens === 1 ? "" : "s"}`);
-  const why: Record<string, string> = { stop: "finished", length: "hit max tokens", stopped: "stopped", error: "failed" };
-  parts.push(why[s.finish] ?? s.finish);
-  return parts.join(" · ");
+async function copyText(text: string, button: HTMLButtonElement, label: string): Promise<void> {
+  let ok = false;
+  try {
+    await navigator.clipboard.writeText(text);
+    ok = true;
+  } catch {
+    // No Clipboard API (a page served over plain http to another host is not a secure context):
+    // the older way, through a selection.
+    const ta = el("textarea", { class: "visually-hidden", "aria-hidden": "true", tabindex: "-1" });
+    ta.value = text;
+    document.body.append(ta);
+    ta.select();
+    try {
+      ok = document.execCommand("copy");
+    } catch {
+      ok = false;
+    }
+    ta.remove();
+    button.focus();
+  }
+  button.textContent = ok ? "Copied" : "Copy failed";
+  announce(ok ? "Copied to the clipboard" : "Could not copy: the browser refused");
+  setTimeout(() => (button.textContent = label), 1500);
+}
+
+function statsNodes(s: ReplyStats): (Node | string)[] {
+  const parts: Node[] = [];
+  const add = (...n: (Node | string)[]) => parts.push(el("span", { class: "stat" }, ...n));
+  add(`${s.tokens} token${s.tokens === 1 ? "" : "s"}`);
+  if (s.tps !== null) add(`${s.tps.toFixed(1)} tok/s`);
+  if (s.ttftMs !== null) add(el("abbr", { title: "time to first token", text: "TTFT" }), ` ${(s.ttftMs / 1000).toFixed(2)} s`);
+  if (typeof s.promptTokens === "number") add(`prompt ${s.promptTokens}${typeof s.cachedTokens === "number" ? ` (${s.cachedTokens} cached)` : ""}`);
+  add(FINISH[s.finish] ?? s.finish);
+  const out: (Node | string)[] = [];
+  parts.forEach((p, i) => out.push(...(i ? [" · ", p] : [p])));
+  return out;
+}
+
+const FINISH: Record<string, string> = { stop: "finished", length: "hit max tokens", tool_calls: "called a tool", stopped: "stopped", error: "failed" };
+
+function statsSentence(s: ReplyStats): string {
+  const parts = [`${s.tokens} token${s.tokens === 1 ? "" : "s"}`];
+  if (s.tps !== null) parts.push(`${s.tps.toFixed(1)} tokens per second`);
+  if (s.ttftMs !== null) parts.push(`first token after ${(s.ttftMs / 1000).toFixed(2)} s`);
+  if (typeof s.cachedTokens === "number") parts.push(`${s.cachedTokens} prompt tokens from the cache`);
+  parts.push(FINISH[s.finish] ?? s.finish);
+  return parts.join(", ");
 }
 
 let autoScroll = true;
 ui.messages.addEventListener("scroll", () => {
-  const el = ui.messages;
-  autoScroll = el.scrollHeight - el.scrollTop - el.clientHeight < 48;
+  const m = ui.messages;
+  autoScroll = m.scrollHeight - m.scrollTop - m.clientHeight < 48;
 });
 function scrollToEnd(force = false): void {
   if (force || autoScroll) ui.messages.scrollTop = ui.messages.scrollHeight;
@@ -301,57 +669,144 @@ function showError(text: string | null): void {
   ui.error.textContent = text ?? "";
 }
 
-// ---------- sending and streaming ----------
+// ---------- branches: versions, edit, regenerate ----------
 
-function setStreaming(on: boolean): void {
-  ui.send.disabled = on;
-  ui.stop.disabled = !on;
-  ui.composer.setAttribute("aria-busy", String(on));
+function showVersion(c: Conversation, m: Message, step: number): void {
+  if (streamOf(c)) return;
+  const shown = switchVersion(c, m, step);
+  if (!shown) return;
+  persist();
+  renderConversation(true);
+  const sibs = siblingsOf(c, shown);
+  announce(`Version ${sibs.indexOf(shown) + 1} of ${sibs.length}`);
+  // Keep the focus on the arrow that was pressed (its article was rebuilt).
+  const art = ui.messages.querySelector<HTMLElement>(`[data-id="${CSS.escape(shown.id)}"]`);
+  const btn = art?.querySelector<HTMLButtonElement>(step < 0 ? ".version-prev" : ".version-next");
+  (btn && !btn.disabled ? btn : art?.querySelector<HTMLButtonElement>(".versions button:not(:disabled)"))?.focus();
 }
 
-async function send(): Promise<void> {
+function startEdit(m: Message): void {
+  if (streamOf(state.current)) return;
+  state.editing = m.id;
+  renderConversation(true);
+}
+
+function fillEditor(m: Message, v: View): void {
+  const id = `edit-${m.id}`;
+  const ta = el("textarea", { id, class: "edit-text", rows: "3" });
+  ta.value = m.content;
+  const cancel = el("button", { type: "button", class: "small-button", text: "Cancel" });
+  const form = el(
+    "form",
+    { class: "edit-form" },
+    el("label", { for: id, class: "visually-hidden", text: "Edit message" }),
+    ta,
+    el("div", { class: "edit-actions" }, cancel, el("button", { type: "submit", class: "primary small-button", text: "Save and send" })),
+  );
+  const stop = () => {
+    state.editing = null;
+    renderConversation(true);
+    ui.messages.querySelector<HTMLElement>(`[data-id="${CSS.escape(m.id)}"] .action-edit`)?.focus();
+  };
+  cancel.addEventListener("click", stop);
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const text = ta.value;
+    if (!text.trim() || !state.current || !settingsOk()) return;
+    state.editing = null;
+    const c = state.current;
+    const user = addMessage(c, m.parent, "user", text);
+    void startReply(c, user);
+  });
+  ta.addEventListener("keydown", (e) => {
+    if (e.key === "Escape") {
+      e.preventDefault();
+      e.stopPropagation();
+      stop();
+    } else if (e.key === "Enter" && !e.shiftKey && !e.isComposing && e.keyCode !== 229) {
+      e.preventDefault();
+      form.requestSubmit();
+    }
+  });
+  v.body.replaceChildren(form);
+  v.reasoning.hidden = true;
+  v.tools.hidden = true;
+  v.error.hidden = true;
+  v.stats.hidden = true;
+  v.article.classList.add("editing");
+  queueMicrotask(() => {
+    ta.focus();
+    ta.setSelectionRange(ta.value.length, ta.value.length);
+  });
+}
+
+function regenerate(c: Conversation, m: Message): void {
+  if (streamOf(c) || !m.parent || !settingsOk()) return;
+  const parent = c.messages.find((x) => x.id === m.parent);
+  if (parent) void startReply(c, parent);
+}
+
+// ---------- sending and streaming ----------
+
+/** Send, Stop and the branch controls follow whether the conversation shown has a reply streaming. */
+function refreshControls(): void {
+  const busy = !!streamOf(state.current);
+  ui.send.disabled = busy;
+  ui.stop.disabled = !busy;
+  ui.composer.setAttribute("aria-busy", String(busy));
+  for (const b of ui.messages.querySelectorAll<HTMLButtonElement>(".needs-idle, .versions button")) {
+    if (busy) b.disabled = true;
+    else if (b.classList.contains("needs-idle")) b.disabled = false;
+  }
+  if (!busy) {
+    // version arrows: disabled only at the ends
+    for (const g of ui.messages.querySelectorAll<HTMLElement>(".versions")) {
+      const i = Number(g.dataset.index);
+      (g.querySelector(".version-prev") as HTMLButtonElement).disabled = i === 0;
+      (g.querySelector(".version-next") as HTMLButtonElement).disabled = i === Number(g.dataset.count) - 1;
+    }
+  }
+}
+
+async function submitPrompt(): Promise<void> {
   const text = ui.prompt.value;
-  if (!text.trim() || state.streaming) return;
+  if (!text.trim() || streamOf(state.current)) return;
+  if (!settingsOk()) return;
   showError(null);
-  state.settings = readSettings();
   let conv = state.current;
   if (!conv) {
-    conv = { id: newId(), title: "", created: Date.now(), updated: Date.now(), messages: [] };
+    conv = { id: newId(), title: titleFor([{ role: "user", content: text }]), created: Date.now(), updated: Date.now(), messages: [], leaf: null };
     state.conversations.push(conv);
     state.current = conv;
     saveCurrentId(store, conv.id);
   }
-  const user: Message = { role: "user", content: text };
-  conv.messages.push(user);
-  if (!conv.title) conv.title = titleFor(conv.messages);
-  const history = apiMessages(conv.messages, state.settings.systemPrompt);
-  const reply: Message = { role: "assistant", content: "" };
-  conv.messages.push(reply);
-  conv.updated = Date.now();
+  const user = addMessage(conv, conv.leaf, "user", text);
   ui.prompt.value = "";
-  renderConversation();
+  fitPrompt();
+  await startReply(conv, user);
+}
+
+/** Write a new reply after `parent` (a user message), in a new branch when it already has one. */
+async function startReply(conv: Conversation, parent: Message): Promise<void> {
+  showError(null);
+  setLeaf(conv, parent.id);
+  const history = apiMessages(pathOf(conv), state.settings.systemPrompt);
+  const reply = addMessage(conv, parent.id, "assistant", "");
+  const controller = new AbortController();
+  const s: Stream = { controller, conv, message: reply, frame: 0 };
+  state.streams.set(conv.id, s);
+  if (conv === state.current) renderConversation();
   renderList();
   persist();
-
-  const v = views.get(reply)!;
-  v.article.setAttribute("aria-busy", "true");
-  v.article.classList.add("streaming");
-  const controller = new AbortController();
-  state.streaming = { controller, conv, message: reply };
-  setStreaming(true);
   scheduleHealth();
   void refreshHealth();
   announce("The assistant is replying…");
 
-  const t0 = performance.now();
-  let tFirst: number | null = null;
-  let tLast = t0;
-  let chunks = 0;
-  let usageTokens: number | null = null;
-  let finish = "stop";
-  let frame = 0;
+  const acc = new ReplyAccumulator(performance.now());
+  let finish: string | null = null;
   const paint = () => {
-    frame = 0;
+    s.frame = 0;
+    if (!views.get(reply)?.article.isConnected) return; // another conversation is shown
     fillMessage(reply, false);
     scrollToEnd();
   };
@@ -372,21 +827,12 @@ async function send(): Promise<void> {
       }),
     });
     if (!res.ok || !res.body) throw new Error(await errorText(res));
-    await readChatStream(res.body, (c: ChatChunk) => {
-      if (c.error) throw new Error(c.error.message ?? "the server reported an error");
-      if (c.usage) usageTokens = c.usage.completion_tokens;
-      const choice = c.choices?.[0];
-      if (!choice) return;
-      const delta = choice.delta?.content;
-      if (delta) {
-        const now = performance.now();
-        tFirst ??= now;
-        tLast = now;
-        chunks++;
-        reply.content += delta;
-        frame ||= requestAnimationFrame(paint);
-      }
-      if (choice.finish_reason) finish = choice.finish_reason;
+    await readChatStream(res.body, (c) => {
+      if (!acc.apply(c, performance.now())) return;
+      reply.content = acc.content;
+      if (acc.reasoning) reply.reasoning = acc.reasoning;
+      if (acc.toolCalls.length) reply.toolCalls = acc.toolCalls.map((t) => ({ ...t }));
+      s.frame ||= requestAnimationFrame(paint);
     });
   } catch (e) {
     if (controller.signal.aborted) finish = "stopped";
@@ -395,28 +841,32 @@ async function send(): Promise<void> {
       reply.error = (e as Error).message || String(e);
     }
   } finally {
-    if (frame) cancelAnimationFrame(frame);
-    const tokens = usageTokens ?? chunks;
-    reply.stats = {
-      ttftMs: tFirst === null ? null : tFirst - t0,
-      tokens,
-      tps: tFirst !== null && chunks > 1 && tLast > tFirst ? (chunks - 1) / ((tLast - tFirst) / 1000) : null,
-      finish,
-    };
+    if (s.frame) cancelAnimationFrame(s.frame);
+    reply.content = acc.content;
+    if (acc.reasoning) reply.reasoning = acc.reasoning;
+    if (acc.toolCalls.length) reply.toolCalls = acc.toolCalls.map((t) => ({ ...t }));
+    reply.stats = acc.stats(performance.now(), finish);
     conv.updated = Date.now();
-    state.streaming = null;
-    v.article.classList.remove("streaming");
-    fillMessage(reply, true);
-    v.article.setAttribute("aria-busy", "false");
+    state.streams.delete(conv.id);
+    const v = views.get(reply);
+    if (v?.article.isConnected) {
+      v.article.classList.remove("streaming");
+      fillMessage(reply, true);
+      v.article.setAttribute("aria-busy", "false");
+    }
     persist();
     renderList();
-    setStreaming(false);
-    scrollToEnd();
-    announce(finish === "error" ? `The reply failed: ${reply.error}` : `Reply ${formatStats(reply.stats)}.`);
-    if (reply.error) showError(reply.error);
+    const shown = conv === state.current;
+    if (shown) {
+      refreshControls();
+      scrollToEnd();
+      if (reply.error) showError(reply.error);
+    }
+    const where = shown ? "" : ` in “${conv.title}”`;
+    announce(finish === "error" ? `The reply${where} failed: ${reply.error}` : `Reply${where}: ${statsSentence(reply.stats)}.`);
     void refreshHealth();
     scheduleHealth();
-    if (document.activeElement === ui.stop || document.activeElement === document.body) ui.prompt.focus();
+    if (shown && (document.activeElement === ui.stop || document.activeElement === document.body)) ui.prompt.focus();
   }
 }
 
@@ -430,24 +880,35 @@ async function errorText(res: Response): Promise<string> {
   }
   if (res.status === 401) {
     msg += " (enter the server's API key in Settings)";
+    setPanel("settings", true, false);
     ui.apiKey.focus();
   }
   return msg;
 }
 
-function stopReply(): void {
-  state.streaming?.controller.abort();
+function stopReply(): boolean {
+  const s = streamOf(state.current);
+  s?.controller.abort();
+  return !!s;
+}
+
+/** The message box grows with its text, up to a third of the window. */
+function fitPrompt(): void {
+  const p = ui.prompt;
+  p.style.height = "auto";
+  p.style.height = `${Math.min(p.scrollHeight + 2, Math.max(96, window.innerHeight / 3))}px`;
 }
 
 ui.composer.addEventListener("submit", (e) => {
   e.preventDefault();
-  void send();
+  void submitPrompt();
 });
+ui.prompt.addEventListener("input", fitPrompt);
 ui.prompt.addEventListener("keydown", (e) => {
   // Enter sends; Shift+Enter is a new line; an IME composing text keeps its Enter.
   if (e.key === "Enter" && !e.shiftKey && !e.isComposing && e.keyCode !== 229) {
     e.preventDefault();
-    if (!state.streaming) ui.composer.requestSubmit();
+    if (!streamOf(state.current)) ui.composer.requestSubmit();
   }
 });
 ui.stop.addEventListener("click", () => {
@@ -456,18 +917,33 @@ ui.stop.addEventListener("click", () => {
 });
 ui.newChat.addEventListener("click", newConversation);
 document.addEventListener("keydown", (e) => {
-  if (e.key === "Escape" && state.streaming) stopReply();
+  if (e.key !== "Escape" || e.defaultPrevented) return;
+  // Escape closes a panel over the chat first, then stops the reply being written.
+  if (closeOverlays() || stopReply()) e.preventDefault();
 });
 window.addEventListener("pagehide", () => {
-  if (state.streaming) persist();
+  if (state.streams.size) persist();
+});
+
+// Code highlighting and TeX load on first need: render the messages shown again with them.
+onRenderersLoaded(() => {
+  const c = state.current;
+  if (!c) return;
+  for (const m of pathOf(c)) if (m.role === "assistant" && state.editing !== m.id) fillMessage(m, streamOf(c)?.message !== m);
 });
 
 // ---------- start ----------
 
+buildSettingsForm();
 showSettings(state.settings);
+readSettings();
 ui.apiKey.value = sessionStorage.getItem(API_KEY_SLOT) ?? "";
+state.open = isNarrow() ? { sidebar: false, settings: false } : { ...state.layout };
+applyLayout();
 openConversation(loadCurrentId(store));
 void refreshHealth();
 scheduleHealth();
+fitPrompt();
 ui.prompt.focus();
 document.documentElement.dataset.ready = "true";
+performance.mark("mlx-bun:ready");

@@ -35,10 +35,113 @@ export class SseParser {
   }
 }
 
+export interface ToolCallDelta {
+  index?: number;
+  id?: string;
+  type?: string;
+  function?: { name?: string; arguments?: string };
+}
+
 export interface ChatChunk {
-  choices?: { delta?: { content?: string | null }; finish_reason?: string | null }[];
-  usage?: { prompt_tokens: number; completion_tokens: number };
+  choices?: {
+    index?: number;
+    delta?: { content?: string | null; reasoning_content?: string | null; reasoning?: string | null; tool_calls?: ToolCallDelta[] | null };
+    finish_reason?: string | null;
+  }[];
+  usage?: { prompt_tokens?: number; completion_tokens?: number; total_tokens?: number; prompt_tokens_details?: { cached_tokens?: number | null } | null } | null;
   error?: { message?: string };
+}
+
+export interface StreamedToolCall {
+  id: string;
+  type: string;
+  name: string;
+  arguments: string;
+}
+
+/**
+ * One streamed reply, put together from its chunks: text, reasoning (`reasoning_content`, or
+ * mlx_lm.server's `reasoning` when only that is sent: the server sends both, with the same text),
+ * tool calls merged by `index` (whole in one delta from mlx-bun; in pieces from OpenAI-style
+ * servers), usage, finish reason, and the times that make the stats.
+ */
+export class ReplyAccumulator {
+  content = "";
+  reasoning = "";
+  toolCalls: StreamedToolCall[] = [];
+  finish: string | null = null;
+  completionTokens: number | null = null;
+  promptTokens: number | null = null;
+  cachedTokens: number | null = null;
+  /** Deltas that carried something (a token count when the server sends no usage). */
+  deltas = 0;
+  tFirst: number | null = null;
+  tLast: number | null = null;
+  /** Distinct arrival times of the deltas: 1 when the whole reply was read at once (no speed to tell). */
+  arrivals = 0;
+  /** First reasoning delta, and the first delta after it that is not reasoning. */
+  tReasonStart: number | null = null;
+  tReasonEnd: number | null = null;
+
+  constructor(readonly t0: number) {}
+
+  /** Take one chunk (received at `now`, ms); returns whether the reply's text, reasoning or calls changed. */
+  apply(c: ChatChunk, now: number): boolean {
+    if (c.error) throw new Error(c.error.message ?? "the server reported an error");
+    if (c.usage) {
+      if (typeof c.usage.completion_tokens === "number") this.completionTokens = c.usage.completion_tokens;
+      if (typeof c.usage.prompt_tokens === "number") this.promptTokens = c.usage.prompt_tokens;
+      const cached = c.usage.prompt_tokens_details?.cached_tokens;
+      if (typeof cached === "number") this.cachedTokens = cached;
+    }
+    const choice = c.choices?.find((x) => (x.index ?? 0) === 0);
+    if (!choice) return false;
+    if (choice.finish_reason) this.finish = choice.finish_reason;
+    const d = choice.delta;
+    if (!d) return false;
+    const reasoning = d.reasoning_content ?? d.reasoning ?? "";
+    const content = d.content ?? "";
+    const calls = d.tool_calls ?? [];
+    if (!reasoning && !content && !calls.length) return false;
+    this.deltas++;
+    if (now !== this.tLast) this.arrivals++;
+    this.tFirst ??= now;
+    this.tLast = now;
+    if (reasoning) {
+      this.reasoning += reasoning;
+      this.tReasonStart ??= now;
+    } else if (this.tReasonStart !== null) this.tReasonEnd ??= now;
+    this.content += content;
+    for (const t of calls) {
+      const i = t.index ?? this.toolCalls.length;
+      const cur = (this.toolCalls[i] ??= { id: "", type: "function", name: "", arguments: "" });
+      if (t.id) cur.id = t.id;
+      if (t.type) cur.type = t.type;
+      if (t.function?.name) cur.name += t.function.name;
+      if (t.function?.arguments) cur.arguments += t.function.arguments;
+    }
+    return true;
+  }
+
+  /**
+   * The stats of the reply, ended at `now`; `finish` overrides the server's reason ("stopped",
+   * "error"). Decode speed is tokens after the first over the time from the first delta to the
+   * last, as they arrived: none when they all arrived at once (read in one go, nothing to time).
+   */
+  stats(now: number, finish: string | null = null) {
+    const tokens = this.completionTokens ?? this.deltas;
+    const span = this.arrivals > 1 && this.tFirst !== null && this.tLast !== null ? this.tLast - this.tFirst : 0;
+    const reasonEnd = this.tReasonEnd ?? (this.tReasonStart !== null ? (this.tLast ?? now) : null);
+    return {
+      ttftMs: this.tFirst === null ? null : this.tFirst - this.t0,
+      tokens,
+      tps: tokens > 1 && span > 0 ? (tokens - 1) / (span / 1000) : null,
+      finish: finish ?? this.finish ?? "stop",
+      promptTokens: this.promptTokens,
+      cachedTokens: this.cachedTokens,
+      reasoningMs: this.tReasonStart !== null && reasonEnd !== null ? reasonEnd - this.tReasonStart : null,
+    };
+  }
 }
 
 /** Read an OpenAI chat-completions SSE body, calling `onChunk` per JSON chunk, until `[DONE]` or the end. */

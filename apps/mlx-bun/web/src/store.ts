@@ -1,41 +1,70 @@
-// Conversations and settings kept in localStorage (they survive a reload). What is read back is
-// checked field by field: a stored value is data, never trusted markup or code. No DOM types.
+// Conversations and settings kept in localStorage (they survive a reload), and exported/imported
+// as JSON files. What is read back, from storage or a file, is checked field by field: a stored
+// value is data, never trusted markup or code. No DOM types: unit-tested outside the browser.
+//
+// A conversation is a tree: editing a user message or regenerating a reply adds a sibling (a new
+// branch) instead of overwriting. `leaf` names the last message of the branch shown; the path is
+// read from it up through `parent`. Each message remembers the child last shown under it
+// (`selected`), so switching back to a branch returns to where it was.
+import { DEFAULT_SETTINGS, NUMBER_FIELDS, type Settings } from "./settings.ts";
+
+export { DEFAULT_SETTINGS, type Settings } from "./settings.ts";
 
 export type Role = "system" | "user" | "assistant";
 
 export interface ReplyStats {
-  /** Milliseconds from sending to the first token. */
+  /** Milliseconds from sending to the first token (reasoning, text or tool call). */
   ttftMs: number | null;
   /** Tokens generated (the server's usage count when it sent one). */
   tokens: number;
   /** Decode speed: tokens after the first, per second. */
   tps: number | null;
-  /** "stop" / "length" from the server, "stopped" when the user pressed Stop, "error". */
+  /** "stop" / "length" / "tool_calls" from the server, "stopped" when the user pressed Stop, "error". */
   finish: string;
+  /** usage.prompt_tokens. */
+  promptTokens?: number | null;
+  /** usage.prompt_tokens_details.cached_tokens: prompt tokens the server's cache already held. */
+  cachedTokens?: number | null;
+  /** How long the model reasoned (first reasoning delta to the first answer delta). */
+  reasoningMs?: number | null;
+}
+
+/** A tool call as the server returned it (`tool_calls[i]`; arguments is a JSON string). */
+export interface ToolCall {
+  id: string;
+  type: string;
+  name: string;
+  arguments: string;
 }
 
 export interface Message {
+  id: string;
+  /** The message this one follows; null for the first turn. */
+  parent: string | null;
   role: Role;
   content: string;
+  /** The model's reasoning (`reasoning_content`). */
+  reasoning?: string;
+  toolCalls?: ToolCall[];
   stats?: ReplyStats;
-  /** Why a reply failed (shown in place of content). */
+  /** Why a reply failed (shown under its content). */
   error?: string;
+  created: number;
+  /** The child last shown under this message. */
+  selected?: string;
 }
 
 export interface Conversation {
   id: string;
   title: string;
+  /** The title was set by hand (rename): it no longer follows the first message. */
+  renamed?: boolean;
   created: number;
   updated: number;
+  /** Every message of every branch, parents before their children. */
   messages: Message[];
-}
-
-export interface Settings {
-  /** null: the server's default. */
-  temperature: number | null;
-  topP: number | null;
-  maxTokens: number | null;
-  systemPrompt: string;
+  /** The last message of the branch shown (null: empty). */
+  leaf: string | null;
 }
 
 /** The part of Web Storage used here. */
@@ -45,16 +74,18 @@ export interface KeyValueStore {
   removeItem(key: string): void;
 }
 
+// The keys kept their ".v1" names: conversations saved before branches existed (a flat list of
+// messages without ids) are read as one branch.
 export const KEYS = {
   conversations: "mlx-bun.chat.conversations.v1",
   current: "mlx-bun.chat.current.v1",
   settings: "mlx-bun.chat.settings.v1",
+  layout: "mlx-bun.chat.layout.v1",
 } as const;
-
-export const DEFAULT_SETTINGS: Settings = { temperature: null, topP: null, maxTokens: null, systemPrompt: "" };
 
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
 const num = (v: unknown): number | null => (typeof v === "number" && Number.isFinite(v) ? v : null);
+const optNum = (v: unknown): number | null | undefined => (v === undefined ? undefined : num(v));
 
 function readJson(store: KeyValueStore, key: string): unknown {
   try {
@@ -67,44 +98,91 @@ function readJson(store: KeyValueStore, key: string): unknown {
 
 function toStats(v: unknown): ReplyStats | undefined {
   if (!isObj(v)) return undefined;
-  return { ttftMs: num(v.ttftMs), tokens: num(v.tokens) ?? 0, tps: num(v.tps), finish: typeof v.finish === "string" ? v.finish : "stop" };
+  const s: ReplyStats = { ttftMs: num(v.ttftMs), tokens: num(v.tokens) ?? 0, tps: num(v.tps), finish: typeof v.finish === "string" ? v.finish : "stop" };
+  for (const k of ["promptTokens", "cachedTokens", "reasoningMs"] as const) {
+    const x = optNum(v[k]);
+    if (x !== undefined) s[k] = x;
+  }
+  return s;
 }
 
-function toMessage(v: unknown): Message | null {
-  if (!isObj(v) || typeof v.content !== "string") return null;
-  if (v.role !== "user" && v.role !== "assistant" && v.role !== "system") return null;
-  const m: Message = { role: v.role, content: v.content };
-  const stats = toStats(v.stats);
-  if (stats) m.stats = stats;
-  if (typeof v.error === "string") m.error = v.error;
-  return m;
-}
-
-function toConversation(v: unknown): Conversation | null {
-  if (!isObj(v) || typeof v.id !== "string" || !v.id || !Array.isArray(v.messages)) return null;
-  const messages = v.messages.map(toMessage).filter((m): m is Message => m !== null);
-  const created = num(v.created) ?? 0;
+function toToolCall(v: unknown): ToolCall | null {
+  if (!isObj(v)) return null;
+  const fn = isObj(v.function) ? v.function : v;
+  const name = typeof fn.name === "string" ? fn.name : null;
+  if (name === null) return null;
   return {
-    id: v.id,
-    title: typeof v.title === "string" && v.title.trim() ? v.title : titleFor(messages),
-    created,
-    updated: num(v.updated) ?? created,
-    messages,
+    id: typeof v.id === "string" ? v.id : "",
+    type: typeof v.type === "string" ? v.type : "function",
+    name,
+    arguments: typeof fn.arguments === "string" ? fn.arguments : fn.arguments === undefined ? "" : JSON.stringify(fn.arguments),
   };
 }
 
-export function loadConversations(store: KeyValueStore): Conversation[] {
-  const v = readJson(store, KEYS.conversations);
-  if (!Array.isArray(v)) return [];
+/** One stored message; `fallback` supplies id/parent for the flat lists saved before branches. */
+function toMessage(v: unknown, fallback: { id: string; parent: string | null; created: number }): Message | null {
+  if (!isObj(v) || typeof v.content !== "string") return null;
+  if (v.role !== "user" && v.role !== "assistant" && v.role !== "system") return null;
+  const hasTree = typeof v.id === "string" && v.id !== "";
+  const m: Message = {
+    id: hasTree ? (v.id as string) : fallback.id,
+    parent: hasTree ? (typeof v.parent === "string" ? v.parent : null) : fallback.parent,
+    role: v.role,
+    content: v.content,
+    created: num(v.created) ?? fallback.created,
+  };
+  if (typeof v.reasoning === "string" && v.reasoning) m.reasoning = v.reasoning;
+  if (Array.isArray(v.toolCalls)) {
+    const calls = v.toolCalls.map(toToolCall).filter((c): c is ToolCall => c !== null);
+    if (calls.length) m.toolCalls = calls;
+  }
+  const stats = toStats(v.stats);
+  if (stats) m.stats = stats;
+  if (typeof v.error === "string") m.error = v.error;
+  if (typeof v.selected === "string") m.selected = v.selected;
+  return m;
+}
+
+/** A stored or imported conversation, checked; null when it is not one. */
+export function toConversation(v: unknown): Conversation | null {
+  if (!isObj(v) || typeof v.id !== "string" || !v.id || !Array.isArray(v.messages)) return null;
+  const created = num(v.created) ?? 0;
+  // Parents must come before their children (so there is no cycle); a message whose parent is
+  // unknown is dropped, with its descendants.
+  const byId = new Map<string, Message>();
+  let prev: string | null = null;
+  v.messages.forEach((raw, i) => {
+    const m = toMessage(raw, { id: `m${i}`, parent: prev, created });
+    if (!m || byId.has(m.id) || (m.parent !== null && !byId.has(m.parent))) return;
+    byId.set(m.id, m);
+    prev = m.id;
+  });
+  const messages = [...byId.values()];
+  for (const m of messages) if (m.selected && byId.get(m.selected)?.parent !== m.id) delete m.selected;
+  const leaf = typeof v.leaf === "string" && byId.has(v.leaf) ? v.leaf : (messages.at(-1)?.id ?? null);
+  const c: Conversation = { id: v.id, title: "", created, updated: num(v.updated) ?? created, messages, leaf };
+  const renamed = v.renamed === true && typeof v.title === "string" && v.title.trim() !== "";
+  if (renamed) c.renamed = true;
+  c.title = renamed || (typeof v.title === "string" && v.title.trim()) ? (v.title as string) : titleFor(pathOf(c));
+  return c;
+}
+
+/** Checked conversations, duplicates (by id) dropped, most recent first. */
+export function toConversations(list: unknown[]): Conversation[] {
   const seen = new Set<string>();
   const out: Conversation[] = [];
-  for (const c of v.map(toConversation)) {
+  for (const c of list.map(toConversation)) {
     if (c && !seen.has(c.id)) {
       seen.add(c.id);
       out.push(c);
     }
   }
   return sortConversations(out);
+}
+
+export function loadConversations(store: KeyValueStore): Conversation[] {
+  const v = readJson(store, KEYS.conversations);
+  return Array.isArray(v) ? toConversations(v) : [];
 }
 
 /** Most recently updated first. */
@@ -141,13 +219,15 @@ export function saveCurrentId(store: KeyValueStore, id: string | null): void {
 
 export function loadSettings(store: KeyValueStore): Settings {
   const v = readJson(store, KEYS.settings);
-  if (!isObj(v)) return { ...DEFAULT_SETTINGS };
-  return {
-    temperature: num(v.temperature),
-    topP: num(v.topP),
-    maxTokens: num(v.maxTokens),
-    systemPrompt: typeof v.systemPrompt === "string" ? v.systemPrompt : "",
-  };
+  const s: Settings = { ...DEFAULT_SETTINGS };
+  if (!isObj(v)) return s;
+  for (const f of NUMBER_FIELDS) {
+    const x = num(v[f.key]);
+    s[f.key] = x !== null && (!f.integer || Number.isSafeInteger(x)) && (f.min === undefined || x >= f.min) && (f.max === undefined || x <= f.max) ? x : null;
+  }
+  if (typeof v.stop === "string") s.stop = v.stop;
+  if (typeof v.systemPrompt === "string") s.systemPrompt = v.systemPrompt;
+  return s;
 }
 
 export function saveSettings(store: KeyValueStore, s: Settings): void {
@@ -158,8 +238,85 @@ export function saveSettings(store: KeyValueStore, s: Settings): void {
   }
 }
 
+export interface Layout {
+  /** The conversation list beside the chat on a wide screen (a narrow one always starts with it closed). */
+  sidebar: boolean;
+  /** The settings panel beside the chat on a wide screen. */
+  settings: boolean;
+}
+
+export function loadLayout(store: KeyValueStore): Layout {
+  const v = readJson(store, KEYS.layout);
+  return { sidebar: isObj(v) && typeof v.sidebar === "boolean" ? v.sidebar : true, settings: isObj(v) && typeof v.settings === "boolean" ? v.settings : false };
+}
+
+export function saveLayout(store: KeyValueStore, l: Layout): void {
+  try {
+    store.setItem(KEYS.layout, JSON.stringify(l));
+  } catch {
+    // as above
+  }
+}
+
+// ---------- the tree ----------
+
+/** The messages of the branch shown, first to last. */
+export function pathOf(c: Conversation): Message[] {
+  const byId = new Map(c.messages.map((m) => [m.id, m]));
+  const out: Message[] = [];
+  let m = c.leaf === null ? undefined : byId.get(c.leaf);
+  while (m && out.length <= c.messages.length) {
+    out.push(m);
+    m = m.parent === null ? undefined : byId.get(m.parent);
+  }
+  return out.reverse();
+}
+
+/** The versions of a message: the messages with its parent, oldest first (itself included). */
+export function siblingsOf(c: Conversation, m: Message): Message[] {
+  return c.messages.filter((x) => x.parent === m.parent && x.role === m.role);
+}
+
+/** Show the branch that ends at `id` (and remember, at each fork, which way it went). */
+export function setLeaf(c: Conversation, id: string | null): void {
+  c.leaf = id;
+  const path = pathOf(c);
+  for (let i = 0; i + 1 < path.length; i++) path[i]!.selected = path[i + 1]!.id;
+}
+
+/** From `m` down to the end of the branch last shown under it (else the newest). */
+export function branchEnd(c: Conversation, m: Message): string {
+  let cur = m;
+  for (let guard = 0; guard <= c.messages.length; guard++) {
+    const kids = c.messages.filter((x) => x.parent === cur.id);
+    if (!kids.length) break;
+    cur = kids.find((k) => k.id === cur.selected) ?? kids.at(-1)!;
+  }
+  return cur.id;
+}
+
+/** Show another version of `m` (step -1: the previous one, +1: the next). Returns it, or null. */
+export function switchVersion(c: Conversation, m: Message, step: number): Message | null {
+  const sibs = siblingsOf(c, m);
+  const next = sibs[sibs.indexOf(m) + step];
+  if (!next) return null;
+  setLeaf(c, branchEnd(c, next));
+  return next;
+}
+
+/** Add a message after `parent` and show it. */
+export function addMessage(c: Conversation, parent: string | null, role: Role, content: string, newIdFn: () => string = newId): Message {
+  const m: Message = { id: newIdFn(), parent, role, content, created: Date.now() };
+  c.messages.push(m);
+  setLeaf(c, m.id);
+  c.updated = Date.now();
+  // Named after its first message; later edits make branches but keep the name.
+  if (c.messages.length === 1 && !c.renamed) c.title = titleFor([m]);
+  return m;
+}
+
 /** A conversation's title: the start of its first user message. */
-export function titleFor(messages: Message[]): string {
+export function titleFor(messages: Pick<Message, "role" | "content">[]): string {
   const first = messages.find((m) => m.role === "user")?.content.replace(/\s+/g, " ").trim() ?? "";
   if (!first) return "New conversation";
   return first.length > 60 ? `${first.slice(0, 57)}…` : first;
@@ -168,28 +325,80 @@ export function titleFor(messages: Message[]): string {
 /**
  * The messages to send: the system prompt, then the turns. A failed or empty reply is left out
  * together with the user turn it answered, so the roles keep alternating as chat templates require.
+ * Reasoning is not sent back (as OpenAI-style clients do); a reply that only called tools is sent
+ * as its calls, described in text (the page runs no tools, so there is no tool result to pair).
  */
-export function apiMessages(messages: Message[], systemPrompt: string): { role: Role; content: string }[] {
+export function apiMessages(messages: Pick<Message, "role" | "content" | "toolCalls">[], systemPrompt: string): { role: Role; content: string }[] {
   const out: { role: Role; content: string }[] = [];
   if (systemPrompt.trim()) out.push({ role: "system", content: systemPrompt });
   for (const m of messages) {
-    if (m.role === "assistant" && !m.content) {
+    if (m.role === "system") continue;
+    let content = m.content;
+    if (m.role === "assistant" && !content && m.toolCalls?.length) content = m.toolCalls.map((t) => `(called ${t.name} with ${t.arguments})`).join("\n");
+    if (m.role === "assistant" && !content) {
       if (out.at(-1)?.role === "user") out.pop();
       continue;
     }
-    if (m.role === "system") continue;
-    out.push({ role: m.role, content: m.content });
+    out.push({ role: m.role, content });
   }
   return out;
 }
 
-/** Request body fields for the settings (absent = the server's default). */
-export function samplingFields(s: Settings): Record<string, number> {
-  const f: Record<string, number> = {};
-  if (s.temperature !== null) f.temperature = s.temperature;
-  if (s.topP !== null) f.top_p = s.topP;
-  if (s.maxTokens !== null) f.max_tokens = s.maxTokens;
-  return f;
+/** Conversations whose title or any message (any branch) holds every word of `query`, case-insensitive. */
+export function searchConversations(list: Conversation[], query: string): Conversation[] {
+  const words = query.toLowerCase().split(/\s+/).filter(Boolean);
+  if (!words.length) return list;
+  return list.filter((c) => {
+    const text = [c.title, ...c.messages.map((m) => m.content)].join("\n").toLowerCase();
+    return words.every((w) => text.includes(w));
+  });
+}
+
+// ---------- export / import ----------
+
+export const EXPORT_FORMAT = "mlx-bun.chat";
+
+/** The JSON of an export file. */
+export function exportJson(list: Conversation[], now = new Date()): string {
+  return JSON.stringify({ format: EXPORT_FORMAT, version: 2, exported: now.toISOString(), conversations: list.filter((c) => c.messages.length > 0) }, null, 2);
+}
+
+/** An export file's text → its conversations (checked as stored ones are). Throws with a message a person can act on. */
+export function parseImport(text: string): Conversation[] {
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch {
+    throw new Error("the file is not JSON");
+  }
+  const raw = Array.isArray(v) ? v : isObj(v) && Array.isArray(v.conversations) ? v.conversations : isObj(v) && Array.isArray(v.messages) ? [v] : null;
+  if (!raw) throw new Error("the file holds no conversations (expected an mlx-bun chat export)");
+  const list = toConversations(raw).filter((c) => c.messages.length > 0);
+  if (!list.length) throw new Error("none of the file's conversations could be read");
+  return list;
+}
+
+/**
+ * Add imported conversations: one already here with the same id and the same content is skipped;
+ * one that differs is added as a copy with a new id (nothing here is overwritten).
+ */
+export function mergeImported(existing: Conversation[], imported: Conversation[], newIdFn: () => string = newId): { list: Conversation[]; added: number; skipped: number } {
+  const byId = new Map(existing.map((c) => [c.id, c]));
+  const out = [...existing];
+  let added = 0;
+  let skipped = 0;
+  for (const c of imported) {
+    const same = byId.get(c.id);
+    if (same && JSON.stringify(same.messages) === JSON.stringify(c.messages)) {
+      skipped++;
+      continue;
+    }
+    const copy = same ? { ...c, id: newIdFn() } : c;
+    byId.set(copy.id, copy);
+    out.push(copy);
+    added++;
+  }
+  return { list: sortConversations(out), added, skipped };
 }
 
 export function newId(): string {

@@ -75,6 +75,21 @@ export interface KernelSpec {
   validate?: (inputs: readonly MlxArray[]) => string | null;
 }
 
+/** A launch marshalled once for `CustomKernel.runPrepared` (see `prepare`). */
+export interface PreparedLaunch {
+  readonly n_out: number;
+  readonly dims: Int32Array | null;
+  readonly ndims: Int32Array;
+  readonly dtypes: Int32Array;
+  readonly grid: Int32Array;
+  readonly threadgroup: Int32Array;
+  readonly names: Buffer | null;
+  readonly kinds: Int32Array | null;
+  readonly values: Int32Array | null;
+  readonly n_tmpl: number;
+  readonly init: number | undefined;
+}
+
 /** What `select_kernel_path` decides from. */
 export interface KernelEnvironment {
   /** The GPU backend of this MLX build on this machine, if any. */
@@ -202,15 +217,20 @@ export class CustomKernel implements Disposable {
   }
 
   #launch(backend: GpuBackend, inputs: readonly MlxArray[], opts: KernelRunOptions): MlxArray[] {
-    const { spec } = this;
-    const op = `kernel ${spec.name} (${backend})`;
-    const l = spec.launch(inputs);
-    const n = spec.output_names.length;
+    return this.#call(backend, inputs, this.prepare(this.spec.launch(inputs)), opts.stream, opts.verbose);
+  }
+
+  /**
+   * Marshal a launch once (output shapes, grid, template arguments) for `runPrepared`: a caller
+   * that launches the same shapes many times (a model's layers, every decode step) skips
+   * `validate`, `launch` and the marshalling on each call.
+   */
+  prepare(l: KernelLaunch): PreparedLaunch {
+    const op = `kernel ${this.spec.name}`;
+    const n = this.spec.output_names.length;
     if (l.output_shapes.length !== n || l.output_dtypes.length !== n) throw new MlxError(`${op}: launch must give ${n} output shapes and dtypes`);
     const dims = l.output_shapes.flat();
-    const ndims = Int32Array.from(l.output_shapes, (s) => s.length);
     const tmpl = l.template ?? [];
-    const kinds = Int32Array.from(tmpl, ([, v]) => (typeof v === "boolean" ? 1 : typeof v === "number" ? 0 : 2));
     const values = Int32Array.from(tmpl, ([name, v]) => {
       if (typeof v === "boolean") return v ? 1 : 0;
       if (typeof v === "number") {
@@ -220,26 +240,50 @@ export class CustomKernel implements Disposable {
       if (!isDtype(v)) throw new MlxError(`${op}: template ${name} = ${String(v)} is not a dtype`);
       return dtypeCode(v);
     });
+    return {
+      n_out: n,
+      dims: dims.length ? Int32Array.from(dims) : null,
+      ndims: Int32Array.from(l.output_shapes, (s) => s.length),
+      dtypes: Int32Array.from(l.output_dtypes, (d) => dtypeCode(d)),
+      grid: Int32Array.from(l.grid),
+      threadgroup: Int32Array.from(l.threadgroup),
+      names: tmpl.length ? joinNames(op, tmpl.map(([k]) => k)) : null,
+      kinds: tmpl.length ? Int32Array.from(tmpl, ([, v]) => (typeof v === "boolean" ? 1 : typeof v === "number" ? 0 : 2)) : null,
+      values: tmpl.length ? values : null,
+      n_tmpl: tmpl.length,
+      init: l.init_value,
+    };
+  }
+
+  /**
+   * Launch a prepared call on `backend` (which the caller has chosen, e.g. with `path()`), with
+   * no validation: the caller guarantees the inputs are those the launch was prepared for.
+   */
+  runPrepared(backend: GpuBackend, inputs: readonly MlxArray[], p: PreparedLaunch, stream?: Stream): MlxArray[] {
+    return this.#call(backend, inputs, p, stream, false);
+  }
+
+  #call(backend: GpuBackend, inputs: readonly MlxArray[], p: PreparedLaunch, stream: Stream | undefined, verbose: boolean | undefined): MlxArray[] {
     const h = lib().mlxb_kernel_call(
       this.#kernel(backend),
       handleList(inputs),
       inputs.length,
-      dims.length ? Int32Array.from(dims) : null,
-      ndims,
-      Int32Array.from(l.output_dtypes, (d) => dtypeCode(d)),
-      n,
-      Int32Array.from(l.grid),
-      Int32Array.from(l.threadgroup),
-      tmpl.length ? joinNames(op, tmpl.map(([k]) => k)) : null,
-      tmpl.length ? kinds : null,
-      tmpl.length ? values : null,
-      tmpl.length,
-      l.init_value === undefined ? 0 : 1,
-      l.init_value ?? 0,
-      opts.verbose ? 1 : 0,
-      sh(opts.stream),
+      p.dims,
+      p.ndims,
+      p.dtypes,
+      p.n_out,
+      p.grid,
+      p.threadgroup,
+      p.names,
+      p.kinds,
+      p.values,
+      p.n_tmpl,
+      p.init === undefined ? 0 : 1,
+      p.init ?? 0,
+      verbose ? 1 : 0,
+      sh(stream),
     );
-    return takeList(op, h, () => describeArgs(inputs));
+    return takeList(`kernel ${this.spec.name} (${backend})`, h, () => describeArgs(inputs));
   }
 
   /** Free the native kernel objects (module-level kernels may simply live for the process). */

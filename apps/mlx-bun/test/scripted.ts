@@ -1,0 +1,58 @@
+// A tiny random model made to write a fixed output: a RequestSink over a real Scheduler that,
+// while scripts are queued, adds a logits processor allowing one token per step (the script's
+// tokens, then the end-of-turn token). The server's parsing, formatting and streaming are what a
+// test then checks, with real generation underneath.
+import { type Engine, type GenerateRequest, type GenerationStream, type LogitsProcessor, maskIds, type Scheduler } from "@mlx-bun/runtime";
+
+/** Allows only ids[k] at generated step k, then `eos`. */
+export function forceTokens(ids: readonly number[], eos: number): LogitsProcessor {
+  let base = -1;
+  return {
+    process(history, logits) {
+      if (base < 0) base = history.length;
+      const k = history.length - base;
+      const want = k < ids.length ? ids[k]! : eos;
+      const V = logits.shape[logits.ndim - 1]!;
+      const all = Array.from({ length: V }, (_, i) => i).filter((i) => i !== want);
+      return maskIds(logits, all);
+    },
+  };
+}
+
+export interface ScriptedSink {
+  readonly active: number;
+  readonly batchSize: number;
+  readonly promptCache: Scheduler["promptCache"];
+  submit(req: GenerateRequest): GenerationStream;
+  /** What the next requests write (FIFO), as text with special tokens. */
+  scripts: string[];
+  /** Every request submitted, in order. */
+  seen: GenerateRequest[];
+}
+
+export function scriptedSink(engine: Engine, scheduler: Scheduler): ScriptedSink {
+  const tok = engine.loaded.tokenizer;
+  const eos = tok.tokenToId("<turn|>")!;
+  const scripts: string[] = [];
+  const seen: GenerateRequest[] = [];
+  return {
+    scripts,
+    seen,
+    get active() {
+      return scheduler.active;
+    },
+    get batchSize() {
+      return scheduler.batchSize;
+    },
+    get promptCache() {
+      return scheduler.promptCache;
+    },
+    submit(req: GenerateRequest): GenerationStream {
+      seen.push(req);
+      const script = scripts.shift();
+      if (script === undefined) return scheduler.submit(req);
+      const ids = tok.encode(script, { addSpecialTokens: false });
+      return scheduler.submit({ ...req, logitsProcessors: [...(req.logitsProcessors ?? []), forceTokens(ids, eos)] });
+    },
+  };
+}

@@ -1,0 +1,486 @@
+// Affine-quantized matrix-vector product for decode: y = x @ dequantize(w, scales, biases)ᵀ for a
+// few rows of x (M = 1..16 at full speed; any M is correct), MLX's affine layout (the weight
+// packed along K in uint32 words, one scale and bias per group of `group_size` values), 4 or 8
+// bits, groups of 32/64/128: what mx.quantized_matmul(x, w, scales, biases, transpose=true)
+// computes, and its reference composition is exactly that call.
+//
+// At batch 1 a decode step reads every weight once, so the product is a stream over the weights.
+// The kernel is built for that stream (docs/custom-kernels.md, "qmv"):
+// - every lane loads 16-byte chunks of weights (32 four-bit or 16 eight-bit values) through the
+//   read-only path, RPW rows at once (RPW independent loads in flight per lane);
+// - a warp owns RPW output rows and strides K in chunks; SPLIT warps of a block share the same
+//   rows and split K (then sum through shared memory), so small-N shapes still fill the SMs;
+// - a 4-bit nibble becomes a float with one byte permute and one subtraction (0x4B0000qq is
+//   2^23 + qq), no integer-to-float conversion; per group Σ(s·q + b)·x = s·Σq·x + b·Σx, so the
+//   activations are read and summed once per chunk for all RPW rows;
+// - float32 accumulation, one rounding to the output dtype (the reference, MLX's qmv, dequantizes
+//   in the activation dtype: the two differ by a few ulps of the output dtype).
+import { isFloating, type MlxArray, MlxError, type Stream } from "@mlx-bun/mlx-ffi";
+import { quantized_matmul, type QuantMode } from "../quantized.ts";
+import { custom_kernel, type GpuBackend, type KernelRunOptions, kernel_environment, type PreparedLaunch, select_kernel_path } from "./kernel.ts";
+
+/** Bit widths and group sizes the kernel reads. */
+export const QMV_BITS: readonly number[] = [4, 8];
+export const QMV_GROUP_SIZES: readonly number[] = [32, 64, 128];
+/** Warps per block (threads 128): GROUPS = WPB / SPLIT row groups of RPW rows each. */
+const WPB = 4;
+
+const HEADER_CUDA = `
+template <int BITS>
+__device__ __forceinline__ void mlxb_qmv_unpack(uint32_t w, float* q) {
+  // 0x4B0000qq as a float is 2^23 + qq: one byte permute and one subtraction per value.
+  if constexpr (BITS == 4) {
+    const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      q[2 * b] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7440u | b)) - 8388608.0f;
+      q[2 * b + 1] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7440u | b)) - 8388608.0f;
+    }
+  } else {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) q[b] = __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | b)) - 8388608.0f;
+  }
+}
+template <typename T, int E>
+__device__ __forceinline__ void mlxb_qmv_load_x(const T* p, float* v) {
+  constexpr int BYTES = E * (int)sizeof(T);
+  if constexpr (BYTES == 8) {
+    uint2 r = *reinterpret_cast<const uint2*>(p);
+    const T* t = reinterpret_cast<const T*>(&r);
+#pragma unroll
+    for (int i = 0; i < E; ++i) v[i] = static_cast<float>(t[i]);
+  } else {
+    constexpr int NV = BYTES / 16;
+    uint4 r[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) r[i] = reinterpret_cast<const uint4*>(p)[i];
+    const T* t = reinterpret_cast<const T*>(r);
+#pragma unroll
+    for (int i = 0; i < E; ++i) v[i] = static_cast<float>(t[i]);
+  }
+}
+__device__ __forceinline__ uint32_t mlxb_qmv_word(const uint4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+`;
+
+// Template args: T (x dtype), BITS, GS, K, N, MB (rows of x per block), RPW (weight rows per
+// warp), SPLIT (warps per row group splitting K). M comes from x's shape (a new batch size
+// compiles nothing new). Rows past N or M are clamped for the loads and never written, so every
+// warp reaches the barrier.
+const CUDA = `
+  constexpr int WPB = ${WPB};
+  constexpr int GROUPS = WPB / SPLIT;
+  constexpr int EPW = 32 / BITS;  // values per uint32 word
+  constexpr int VPC = 4 * EPW;    // values per 16-byte chunk
+  constexpr int NC = K / VPC;     // chunks per row
+  constexpr int G = K / GS;       // groups per row
+  int M = 1;
+  for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int grp = warp / SPLIT;
+  const int part = warp % SPLIT;
+  const int row0 = (blockIdx.x * GROUPS + grp) * RPW;
+  const int m0 = blockIdx.y * MB;
+  const uint4* wr[RPW];
+  const auto* sr = scales;
+  const auto* br = biases;
+  size_t sg[RPW];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) {
+    const size_t n = row0 + r < N ? row0 + r : N - 1;
+    wr[r] = reinterpret_cast<const uint4*>(w + n * (K / EPW));
+    sg[r] = n * G;
+  }
+  const T* xr[MB];
+#pragma unroll
+  for (int m = 0; m < MB; ++m) xr[m] = x + (size_t)(m0 + m < M ? m0 + m : M - 1) * K;
+  float acc[RPW][MB];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r)
+#pragma unroll
+    for (int m = 0; m < MB; ++m) acc[r][m] = 0.0f;
+#pragma unroll 2
+  for (int c = part * 32 + lane; c < NC; c += SPLIT * 32) {
+    uint4 wv[RPW];
+    float s[RPW], b[RPW];
+    const int g = (c * VPC) / GS;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      wv[r] = __ldg(wr[r] + c);
+      s[r] = static_cast<float>(sr[sg[r] + g]);
+      b[r] = static_cast<float>(br[sg[r] + g]);
+    }
+    float sx[MB];
+#pragma unroll
+    for (int m = 0; m < MB; ++m) sx[m] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float q[RPW][EPW];
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) mlxb_qmv_unpack<BITS>(mlxb_qmv_word(wv[r], j), q[r]);
+#pragma unroll
+      for (int m = 0; m < MB; ++m) {
+        float xv[EPW];
+        mlxb_qmv_load_x<T, EPW>(xr[m] + c * VPC + j * EPW, xv);
+#pragma unroll
+        for (int i = 0; i < EPW; ++i) sx[m] += xv[i];
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+          float t = 0.0f;
+#pragma unroll
+          for (int i = 0; i < EPW; ++i) t = fmaf(q[r][i], xv[i], t);
+          acc[r][m] = fmaf(s[r], t, acc[r][m]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+      for (int m = 0; m < MB; ++m) acc[r][m] = fmaf(b[r], sx[m], acc[r][m]);
+  }
+#pragma unroll
+  for (int r = 0; r < RPW; ++r)
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+  if constexpr (SPLIT == 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < RPW; ++r)
+#pragma unroll
+        for (int m = 0; m < MB; ++m)
+          if (row0 + r < N && m0 + m < M) out[(size_t)(m0 + m) * N + row0 + r] = static_cast<T>(acc[r][m]);
+    }
+  } else {
+    __shared__ float red[WPB][RPW * MB];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < RPW; ++r)
+#pragma unroll
+        for (int m = 0; m < MB; ++m) red[warp][r * MB + m] = acc[r][m];
+    }
+    __syncthreads();
+    if (part == 0) {
+      for (int i = lane; i < RPW * MB; i += 32) {
+        const int r = i / MB, m = i % MB;
+        float v = 0.0f;
+#pragma unroll
+        for (int p = 0; p < SPLIT; ++p) v += red[grp * SPLIT + p][i];
+        if (row0 + r < N && m0 + m < M) out[(size_t)(m0 + m) * N + row0 + r] = static_cast<T>(v);
+      }
+    }
+  }
+`;
+
+// The same kernel for Metal (simdgroups of 32, simd_sum, threadgroup memory for SPLIT); the
+// nibbles are shifted out (Metal has no byte permute). Not run: no Apple machine here.
+const METAL = `
+  constexpr int WPB = ${WPB};
+  constexpr int GROUPS = WPB / SPLIT;
+  constexpr int EPW = 32 / BITS;
+  constexpr int VPC = 4 * EPW;
+  constexpr int NC = K / VPC;
+  constexpr int G = K / GS;
+  constexpr uint MASK = (1u << BITS) - 1u;
+  int M = 1;
+  for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
+  const int warp = simdgroup_index_in_threadgroup;
+  const int lane = thread_index_in_simdgroup;
+  const int grp = warp / SPLIT;
+  const int part = warp % SPLIT;
+  const int row0 = (threadgroup_position_in_grid.x * GROUPS + grp) * RPW;
+  const int m0 = threadgroup_position_in_grid.y * MB;
+  size_t wo[RPW], sg[RPW];
+  for (int r = 0; r < RPW; ++r) {
+    const size_t n = row0 + r < N ? row0 + r : N - 1;
+    wo[r] = n * (K / EPW);
+    sg[r] = n * G;
+  }
+  size_t xo[MB];
+  for (int m = 0; m < MB; ++m) xo[m] = (size_t)(m0 + m < M ? m0 + m : M - 1) * K;
+  float acc[RPW][MB];
+  for (int r = 0; r < RPW; ++r)
+    for (int m = 0; m < MB; ++m) acc[r][m] = 0.0f;
+  for (int c = part * 32 + lane; c < NC; c += SPLIT * 32) {
+    uint4 wv[RPW];
+    float s[RPW], b[RPW];
+    const int g = (c * VPC) / GS;
+    for (int r = 0; r < RPW; ++r) {
+      wv[r] = reinterpret_cast<const device uint4*>(w + wo[r])[c];
+      s[r] = static_cast<float>(scales[sg[r] + g]);
+      b[r] = static_cast<float>(biases[sg[r] + g]);
+    }
+    float sx[MB];
+    for (int m = 0; m < MB; ++m) sx[m] = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+      float q[RPW][EPW];
+      for (int r = 0; r < RPW; ++r)
+        for (int i = 0; i < EPW; ++i) q[r][i] = static_cast<float>((wv[r][j] >> (BITS * i)) & MASK);
+      for (int m = 0; m < MB; ++m) {
+        float xv[EPW];
+        for (int i = 0; i < EPW; ++i) {
+          xv[i] = static_cast<float>(x[xo[m] + c * VPC + j * EPW + i]);
+          sx[m] += xv[i];
+        }
+        for (int r = 0; r < RPW; ++r) {
+          float t = 0.0f;
+          for (int i = 0; i < EPW; ++i) t = fma(q[r][i], xv[i], t);
+          acc[r][m] = fma(s[r], t, acc[r][m]);
+        }
+      }
+    }
+    for (int r = 0; r < RPW; ++r)
+      for (int m = 0; m < MB; ++m) acc[r][m] = fma(b[r], sx[m], acc[r][m]);
+  }
+  for (int r = 0; r < RPW; ++r)
+    for (int m = 0; m < MB; ++m) acc[r][m] = simd_sum(acc[r][m]);
+  threadgroup float red[WPB][RPW * MB];
+  if (SPLIT == 1) {
+    if (lane == 0) {
+      for (int r = 0; r < RPW; ++r)
+        for (int m = 0; m < MB; ++m)
+          if (row0 + r < N && m0 + m < M) out[(size_t)(m0 + m) * N + row0 + r] = static_cast<T>(acc[r][m]);
+    }
+  } else {
+    if (lane == 0) {
+      for (int r = 0; r < RPW; ++r)
+        for (int m = 0; m < MB; ++m) red[warp][r * MB + m] = acc[r][m];
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (part == 0) {
+      for (int i = lane; i < RPW * MB; i += 32) {
+        const int r = i / MB, m = i % MB;
+        float v = 0.0f;
+        for (int p = 0; p < SPLIT; ++p) v += red[grp * SPLIT + p][i];
+        if (row0 + r < N && m0 + m < M) out[(size_t)(m0 + m) * N + row0 + r] = static_cast<T>(v);
+      }
+    }
+  }
+`;
+
+/** The shape of a product: rows of x (M), output features (N), input features (K), bits, group size. */
+export interface QmvShape {
+  M: number;
+  N: number;
+  K: number;
+  bits: number;
+  group_size: number;
+}
+
+/** Launch parameters: x rows per block (MB), weight rows per warp (RPW), warps splitting K (SPLIT). */
+export interface QmvConfig {
+  MB: number;
+  RPW: number;
+  SPLIT: number;
+}
+
+/** Why the kernel cannot take these inputs, or their shape. */
+export function qmv_shape([x, w, scales, biases]: readonly (MlxArray | undefined)[]): QmvShape | string {
+  if (!x || !w || !scales || !biases) return "needs x, w, scales and biases (affine)";
+  if (!isFloating(x.dtype)) return `x must be floating point, got ${x.dtype}`;
+  if (x.ndim < 1) return "x must have at least one dimension";
+  if (w.dtype !== "uint32" || w.ndim !== 2) return `w must be a 2-D uint32 array, got ${w.describe()}`;
+  if (scales.ndim !== 2 || biases.ndim !== 2) return "scales and biases must be 2-D";
+  if (!isFloating(scales.dtype) || !isFloating(biases.dtype)) return "scales and biases must be floating point";
+  const K = x.shape[x.ndim - 1]!;
+  const [N, words] = w.shape as [number, number];
+  if (scales.shape[0] !== N || biases.shape[0] !== N || scales.shape[1] !== biases.shape[1]) {
+    return `scales ${scales.describe()} / biases ${biases.describe()} do not match w ${w.describe()}`;
+  }
+  if (K <= 0 || N <= 0) return "empty product";
+  const bits = (words * 32) / K;
+  if (!QMV_BITS.includes(bits)) return `w ${w.describe()} holds ${+bits.toFixed(2)} bits per value for K = ${K}; the kernel reads ${QMV_BITS.join(", ")}`;
+  const group_size = K / scales.shape[1]!;
+  if (!QMV_GROUP_SIZES.includes(group_size)) return `group size ${group_size} not one of ${QMV_GROUP_SIZES.join(", ")}`;
+  let M = 1;
+  for (let i = 0; i < x.ndim - 1; i++) M *= x.shape[i]!;
+  if (M === 0) return "x has no rows";
+  return { M, N, K, bits, group_size };
+}
+
+/**
+ * The launch heuristic, from a sweep on the H200 (docs/benchmarks.md): as many warps as the
+ * shape allows. Four warps split K wherever a lane still gets most of a chunk (K/VPC ≥ 96), two
+ * from 48 chunks; four weight rows per warp up to 4 rows of x, two beyond (registers).
+ */
+export function qmv_config({ M, K, bits }: QmvShape): QmvConfig {
+  const MB = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : M <= 8 ? 8 : 16;
+  const RPW = MB <= 4 ? 4 : 2;
+  const chunks = K / (128 / bits);
+  const SPLIT = chunks >= 96 ? 4 : chunks >= 48 ? 2 : 1;
+  return { MB, RPW, SPLIT };
+}
+
+/** Grid, threadgroup and template arguments for a shape and config (exported for the benches). */
+export function qmv_launch_of(sh: QmvShape, dtype: MlxArray["dtype"], c: QmvConfig) {
+  const groups = WPB / c.SPLIT;
+  const blocks = Math.ceil(sh.N / (c.RPW * groups));
+  return {
+    grid: [blocks * WPB * 32, Math.ceil(sh.M / c.MB), 1] as [number, number, number],
+    threadgroup: [WPB * 32, 1, 1] as [number, number, number],
+    template: [
+      ["T", dtype],
+      ["BITS", sh.bits],
+      ["GS", sh.group_size],
+      ["K", sh.K],
+      ["N", sh.N],
+      ["MB", c.MB],
+      ["RPW", c.RPW],
+      ["SPLIT", c.SPLIT],
+    ] as [string, number | MlxArray["dtype"]][],
+  };
+}
+
+/**
+ * Sources without indentation and comment lines: MLX builds the whole source string at every call
+ * and hashes it at every launch (mlx/backend/cuda/custom_kernel.cpp), so its length is host time.
+ */
+const compact = (src: string): string =>
+  src
+    .split("\n")
+    .map((l) => l.trim())
+    .filter((l) => l && !l.startsWith("//"))
+    .join("\n");
+
+export const qmv_kernel = custom_kernel({
+  name: "mlxb_qmv",
+  input_names: ["x", "w", "scales", "biases"],
+  output_names: ["out"],
+  metal: { source: compact(METAL) },
+  cuda: { source: compact(CUDA), header: compact(HEADER_CUDA) },
+  validate: (inputs) => {
+    const s = qmv_shape(inputs);
+    return typeof s === "string" ? s : null;
+  },
+  reference: ([x, w, scales, biases], s) => {
+    const sh = qmv_shape([x, w, scales, biases]) as QmvShape;
+    return [quantized_matmul(x!, w!, scales!, biases!, { group_size: sh.group_size, bits: sh.bits, transpose: true, stream: s })];
+  },
+  launch: (inputs) => {
+    const [x] = inputs;
+    const sh = qmv_shape(inputs) as QmvShape;
+    return {
+      output_shapes: [[...x!.shape.slice(0, -1), sh.N]],
+      output_dtypes: [x!.dtype],
+      ...qmv_launch_of(sh, x!.dtype, qmv_config(sh)),
+    };
+  },
+});
+
+/**
+ * x @ dequantize(w, scales, biases)ᵀ (affine, 4/8 bits, groups 32/64/128; bits and group size
+ * follow from the shapes): the kernel on a live GPU backend, mx.quantized_matmul elsewhere.
+ */
+export function qmv(
+  x: MlxArray,
+  w: MlxArray,
+  scales: MlxArray,
+  biases: MlxArray,
+  opts: KernelRunOptions & { bits?: number; group_size?: number } = {},
+): MlxArray {
+  // Bits and group size follow from the shapes; a caller that knows them is checked against them
+  // (an x of another width can make the same arrays read as another bit width).
+  if (opts.bits !== undefined || opts.group_size !== undefined) {
+    const sh = qmv_shape([x, w, scales, biases]);
+    if (typeof sh !== "string") {
+      const bad =
+        opts.bits !== undefined && sh.bits !== opts.bits
+          ? `holds ${sh.bits} bits per value, not ${opts.bits}`
+          : opts.group_size !== undefined && sh.group_size !== opts.group_size
+            ? `has group size ${sh.group_size}, not ${opts.group_size}`
+            : null;
+      if (bad) throw new MlxError(`kernel mlxb_qmv: w ${w.describe()} with x ${x.describe()} ${bad}`);
+    }
+  }
+  return qmv_kernel.run([x, w, scales, biases], opts)[0]!;
+}
+
+// ------------------------------------------------------------------------------------------
+// The decode setting: where a quantized linear layer uses the kernel instead of MLX's op.
+// ------------------------------------------------------------------------------------------
+
+/** "on": the kernel wherever it runs (a live GPU backend, M ≤ QMV_MAX_ROWS); "off": MLX's op. */
+export type FastQmvSetting = "auto" | "on" | "off";
+/** Rows of x up to which the kernel is used (past that MLX's tiled matmul wins). */
+export const QMV_MAX_ROWS = 16;
+
+let setting: FastQmvSetting | undefined;
+let resolved: { on: boolean; path: GpuBackend } | undefined;
+/** Launches marshalled per (M, K, N, dtype, bits, group size). */
+const prepared = new Map<string, PreparedLaunch>();
+
+function envSetting(): FastQmvSetting {
+  const v = process.env.MLX_BUN_FAST_QMV;
+  if (v === undefined || v === "" || v === "auto") return "auto";
+  if (v === "1" || v === "on") return "on";
+  if (v === "0" || v === "off") return "off";
+  throw new Error(`MLX_BUN_FAST_QMV=${v}: expected 0, 1, on, off or auto`);
+}
+
+/**
+ * Choose the quantized decode path for `quantized_linear` (the model's quantized layers):
+ * "auto" (default; MLX_BUN_FAST_QMV=0|1|auto overrides it): the kernel on CUDA only, where its
+ * KL against MLX's op was measured (docs/benchmarks.md); "on": wherever a GPU source runs;
+ * "off": always mx.quantized_matmul, the exact path the parity tests use. `undefined` goes back
+ * to the environment variable.
+ */
+export function set_fast_qmv(s: FastQmvSetting | undefined): void {
+  setting = s;
+  resolved = undefined;
+}
+
+function resolve(): { on: boolean; path: GpuBackend } {
+  if (resolved === undefined) {
+    const s = setting ?? envSetting();
+    const path = select_kernel_path(qmv_kernel.spec, kernel_environment());
+    const on = path !== "reference" && (s === "on" || (s === "auto" && path === "cuda"));
+    resolved = { on, path: path === "reference" ? "cuda" : path };
+  }
+  return resolved;
+}
+
+/** Whether `quantized_linear` takes the kernel in this process (for calls it fits). */
+export function fast_qmv_enabled(): boolean {
+  return resolve().on;
+}
+
+/**
+ * A quantized linear layer (nn.QuantizedLinear's op): x @ Wᵀ through the kernel where the
+ * setting allows it and the call fits (affine, 4/8 bits, groups 32/64/128, at most
+ * QMV_MAX_ROWS rows of x, the default stream on the GPU), mx.quantized_matmul(transpose = true)
+ * otherwise.
+ */
+export function quantized_linear(
+  x: MlxArray,
+  w: MlxArray,
+  scales: MlxArray,
+  biases: MlxArray | undefined,
+  q: { group_size: number; bits: number; mode?: QuantMode },
+  stream?: Stream,
+): MlxArray {
+  const mode = q.mode ?? "affine";
+  if (biases && mode === "affine" && stream === undefined && (q.bits === 4 || q.bits === 8) && QMV_GROUP_SIZES.includes(q.group_size)) {
+    const r = resolve();
+    if (r.on) {
+      const K = x.shape[x.ndim - 1]!;
+      const M = x.size / K;
+      // The kernel reads bits and group size off the shapes: take it only where they agree.
+      if (M >= 1 && M <= QMV_MAX_ROWS && w.ndim === 2 && w.shape[1]! * 32 === K * q.bits && scales.shape[1]! * q.group_size === K) {
+        const key = `${M},${K},${scales.shape[0]},${x.dtype},${q.bits},${q.group_size}`;
+        let p = prepared.get(key);
+        if (!p) {
+          // First call of this shape: validated and marshalled once, then reused every step.
+          const problem = qmv_kernel.spec.validate!([x, w, scales, biases]);
+          if (problem) throw new MlxError(`kernel mlxb_qmv: ${problem}`);
+          p = qmv_kernel.prepare(qmv_kernel.spec.launch([x, w, scales, biases]));
+          prepared.set(key, p);
+        }
+        return qmv_kernel.runPrepared(r.path, [x, w, scales, biases], p)[0]!;
+      }
+    }
+  }
+  return quantized_matmul(x, w, scales, biases, { group_size: q.group_size, bits: q.bits, mode, transpose: true, stream });
+}

@@ -1,0 +1,459 @@
+// Structured output: grammar-constrained decoding of JSON (OpenAI's response_format json_object /
+// json_schema) with XGrammar's WebAssembly build (@mlc-ai/web-xgrammar). Per tokenizer, one
+// grammar compiler (made on first use: the vocabulary from tokenizer.json, decoded as XGrammar's
+// TokenizerInfo.from_huggingface would); per request, a logits processor holding a grammar matcher
+// that masks every token the grammar does not allow. See docs/server.md ("Structured output").
+//
+// Safety: a user schema is checked against the enforced subset (json-schema-support.ts), then
+// converted to EBNF in a Bun Worker (XGrammar aborts its module on schemas it cannot convert; an
+// abort costs only that worker), and only that EBNF is compiled here. Compiled grammars are cached
+// by the checked schema's canonical text.
+import { MlxArray } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import type { Gemma4Tokenizer } from "@mlx-bun/models";
+import type { CompiledGrammar, GrammarCompiler, GrammarMatcher } from "@mlc-ai/web-xgrammar";
+import type { ConvertReply, ConvertRequest } from "./grammar-worker.ts";
+import { prepareJsonSchema, SchemaError } from "./json-schema-support.ts";
+import type { LogitsProcessor } from "./types.ts";
+
+export { SchemaError } from "./json-schema-support.ts";
+
+/** What the output must be: any JSON object, or JSON valid against a schema. */
+export type StructuredFormat = { type: "json_object" } | { type: "json_schema"; schema?: unknown };
+
+export interface GrammarProcessorOptions {
+  /**
+   * Prompt length: `history` minus this many ids is what was generated. Default: the history
+   * length the first `process` call sees (the runner's first call passes the prompt alone).
+   */
+  promptTokens?: number;
+}
+
+/** A grammar's logits processor: owns a matcher; dispose it when its request ends. */
+export interface GrammarProcessor extends LogitsProcessor, Disposable {
+  readonly readsHistory: true;
+  advance(history: readonly number[]): Promise<void>;
+  /** Whether the grammar accepted a stop token (the output is complete). */
+  readonly terminated: boolean;
+  /** Free the matcher (idempotent). The processor cannot be used afterwards. */
+  dispose(): void;
+}
+
+type XG = typeof import("@mlc-ai/web-xgrammar").default;
+
+/** Compiled grammars kept per tokenizer (least recently used dropped beyond it). */
+const CACHE_ENTRIES = 64;
+/** A conversion that takes longer than this is refused (its worker is terminated). */
+const CONVERT_TIMEOUT_MS = 30_000;
+/** Longest schema text accepted. */
+const MAX_SCHEMA_CHARS = 256 * 1024;
+
+/** json_object: any JSON object (XGrammar's non-strict object: any keys, any values). */
+const JSON_OBJECT = { text: '{"type":"object"}', strict: false };
+
+const compilers = new WeakMap<Gemma4Tokenizer, StructuredOutputCompiler>();
+
+/**
+ * A logits processor that constrains a request's output to `format`. The initial mask is ready
+ * when the promise resolves. A schema that cannot be enforced rejects with a SchemaError (a
+ * RequestError) naming the feature and its JSON pointer.
+ */
+export async function grammarProcessor(tokenizer: Gemma4Tokenizer, format: StructuredFormat, opts: GrammarProcessorOptions = {}): Promise<GrammarProcessor> {
+  const compiler = StructuredOutputCompiler.for(tokenizer);
+  const compiled = await compiler.compile(format);
+  const matcher = await compiler.matcher(compiled);
+  const p = new XGrammarProcessor(compiler, await compiler.vocabSize(), await compiler.utf8Guard(), matcher, opts.promptTokens);
+  try {
+    await p.advance(null);
+  } catch (e) {
+    p.dispose();
+    throw e;
+  }
+  return p;
+}
+
+/** Check a format without compiling it (throws the SchemaError grammarProcessor would). */
+export function checkStructuredFormat(format: StructuredFormat): void {
+  prepareFormat(format);
+}
+
+function prepareFormat(format: StructuredFormat): { text: string; strict: boolean } {
+  if (format.type === "json_object") return JSON_OBJECT;
+  if (format.type !== "json_schema") throw new SchemaError(`unknown structured output type ${JSON.stringify((format as { type: unknown }).type)}`, "", "type");
+  const raw = format.schema === undefined ? {} : format.schema;
+  let text: string;
+  try {
+    text = JSON.stringify(raw);
+  } catch (e) {
+    throw new SchemaError(`response_format schema is not JSON: ${(e as Error).message}`, "", "schema");
+  }
+  if (text.length > MAX_SCHEMA_CHARS) throw new SchemaError(`response_format schema is longer than ${MAX_SCHEMA_CHARS} characters`, "", "size");
+  // Strict: properties and items the schema does not declare are never generated.
+  return { text: prepareJsonSchema(raw).text, strict: true };
+}
+
+/** The vocabulary of a tokenizer as XGrammar's TokenizerInfo.from_huggingface reads tokenizer.json. */
+export function grammarVocabulary(tokenizer: Gemma4Tokenizer): { vocab: string[]; vocabType: "byte_fallback" | "byte_level" | "raw"; prependSpace: boolean } {
+  const tj = tokenizer.tokenizerJson as Record<string, any>;
+  const vocab: string[] = [];
+  const model = tj.model ?? {};
+  if (model.vocab && !Array.isArray(model.vocab)) for (const [t, id] of Object.entries(model.vocab as Record<string, number>)) vocab[id] = t;
+  else if (Array.isArray(model.vocab)) (model.vocab as [string, number][]).forEach(([t], id) => (vocab[id] = t)); // Unigram
+  // Added tokens: special ones become "" (XGrammar never generates an empty token; the stop ids
+  // are passed apart), as our detokenizer drops them; others are their text.
+  for (const a of (tj.added_tokens ?? []) as { id: number; content: string; special?: boolean }[]) vocab[a.id] = a.special ? "" : a.content;
+  for (let i = 0; i < vocab.length; i++) vocab[i] ??= "";
+  // XGrammar's DetectVocabType: the first ByteLevel or ByteFallback decoder; DetectAddPrefixSpace:
+  // a Prepend("▁") normalizer or a Metaspace pre-tokenizer that prepends.
+  const decoders = tj.decoder?.type === "Sequence" ? (tj.decoder.decoders ?? []) : tj.decoder ? [tj.decoder] : [];
+  let vocabType: "byte_fallback" | "byte_level" | "raw" = "raw";
+  for (const d of decoders) {
+    if (d?.type === "ByteLevel") {
+      vocabType = "byte_level";
+      break;
+    }
+    if (d?.type === "ByteFallback") {
+      vocabType = "byte_fallback";
+      break;
+    }
+  }
+  const norms = tj.normalizer?.type === "Sequence" ? (tj.normalizer.normalizers ?? []) : tj.normalizer ? [tj.normalizer] : [];
+  const pre = tj.pre_tokenizer;
+  const prependSpace = norms.some((n: any) => n?.type === "Prepend" && n.prepend === "\u2581") || (pre?.type === "Metaspace" && (pre.prepend_scheme === "always" || pre.prepend_scheme === "first"));
+  return { vocab, vocabType, prependSpace };
+}
+
+/** One tokenizer's grammar compiler, cache and conversion worker (made on first use, then shared). */
+export class StructuredOutputCompiler {
+  /** Token ids the grammars end on (the tokenizer's eos ids). */
+  readonly stopIds: number[];
+  #init: Promise<{ xg: XG; compiler: GrammarCompiler; vocabSize: number; guard: Utf8Guard }> | null = null;
+  readonly #cache = new Map<string, Promise<CompiledGrammar>>();
+  #worker: ConversionWorker | null = null;
+
+  private constructor(readonly tokenizer: Gemma4Tokenizer) {
+    this.stopIds = [...tokenizer.eosTokenIds].sort((a, b) => a - b);
+  }
+
+  /** The compiler of `tokenizer` (one per tokenizer object). */
+  static for(tokenizer: Gemma4Tokenizer): StructuredOutputCompiler {
+    let c = compilers.get(tokenizer);
+    if (!c) {
+      c = new StructuredOutputCompiler(tokenizer);
+      compilers.set(tokenizer, c);
+    }
+    return c;
+  }
+
+  #ready() {
+    this.#init ??= (async () => {
+      const xg = (await import("@mlc-ai/web-xgrammar")).default;
+      const { vocab, vocabType, prependSpace } = grammarVocabulary(this.tokenizer);
+      const info = await xg.TokenizerInfo.createTokenizerInfo(vocab, vocabType, prependSpace, vocab.length, this.stopIds);
+      const compiler = await xg.GrammarCompiler.createGrammarCompiler(info);
+      return { xg, compiler, vocabSize: vocab.length, guard: utf8Guard(vocab, vocabType) };
+    })();
+    return this.#init;
+  }
+
+  /** Vocabulary size of the masks (the tokenizer's; wider logits are disallowed beyond it). */
+  async vocabSize(): Promise<number> {
+    return (await this.#ready()).vocabSize;
+  }
+
+  /** The byte tokens that would make invalid UTF-8 (see Utf8Guard). */
+  async utf8Guard(): Promise<Utf8Guard> {
+    return (await this.#ready()).guard;
+  }
+
+  /** The compiled grammar of a format (cached by its checked schema). Throws SchemaError on a schema it cannot enforce. */
+  compile(format: StructuredFormat): Promise<CompiledGrammar> {
+    const { text, strict } = prepareFormat(format);
+    const key = `${strict ? "s" : "n"}:${text}`;
+    let hit = this.#cache.get(key);
+    if (hit) {
+      this.#cache.delete(key);
+      this.#cache.set(key, hit);
+      return hit;
+    }
+    hit = this.#compile(text, strict);
+    this.#cache.set(key, hit);
+    hit.catch(() => {});
+    while (this.#cache.size > CACHE_ENTRIES) {
+      const [old, p] = this.#cache.entries().next().value!;
+      this.#cache.delete(old);
+      // Matchers keep their own reference to the grammar: disposing the cache's is safe.
+      p.then((g) => g.dispose(), () => {});
+    }
+    return hit;
+  }
+
+  async #compile(text: string, strict: boolean): Promise<CompiledGrammar> {
+    const { compiler } = await this.#ready();
+    if (!this.#worker || this.#worker.dead) this.#worker = new ConversionWorker();
+    const worker = this.#worker;
+    let ebnf: string;
+    try {
+      ebnf = await worker.convert(text, strict);
+    } catch (e) {
+      if (e instanceof SchemaError) throw e;
+      throw new SchemaError(`response_format schema: the grammar compiler refused it: ${(e as Error).message}`, "", "schema");
+    }
+    return await compiler.compileGrammar(ebnf);
+  }
+
+  /** A fresh matcher of a compiled grammar (the caller disposes it). */
+  async matcher(compiled: CompiledGrammar): Promise<GrammarMatcher> {
+    const { xg } = await this.#ready();
+    return await xg.GrammarMatcher.createGrammarMatcher(compiled, this.stopIds, false, -1);
+  }
+
+  /** Stop the conversion worker (a later compile starts another). */
+  close(): void {
+    this.#worker?.terminate();
+    this.#worker = null;
+  }
+}
+
+const WORKER_URL = new URL(import.meta.url.endsWith(".ts") ? "./grammar-worker.ts" : "./grammar-worker.js", import.meta.url);
+
+/** The conversion worker: one request at a time; retired after any refusal (XGrammar may have aborted). */
+class ConversionWorker {
+  dead = false;
+  readonly #w: Worker;
+  readonly #ready: Promise<void>;
+  #queue: Promise<unknown> = Promise.resolve();
+  #next = 0;
+  #pending: { id: number; resolve(ebnf: string): void; reject(e: Error): void } | null = null;
+
+  constructor() {
+    this.#w = new Worker(WORKER_URL.href);
+    this.#w.unref();
+    let ready!: () => void;
+    let failed!: (e: Error) => void;
+    this.#ready = new Promise<void>((res, rej) => {
+      ready = res;
+      failed = rej;
+    });
+    this.#ready.catch(() => {});
+    this.#w.onmessage = (ev: MessageEvent<ConvertReply | { ready: true }>) => {
+      const m = ev.data;
+      if ("ready" in m) return ready();
+      const p = this.#pending;
+      if (!p || p.id !== m.id) return;
+      this.#pending = null;
+      if ("ebnf" in m) p.resolve(m.ebnf);
+      else {
+        this.terminate();
+        p.reject(new Error(m.error));
+      }
+    };
+    const down = (why: string) => {
+      this.dead = true;
+      failed(new Error(why));
+      const p = this.#pending;
+      this.#pending = null;
+      p?.reject(new Error(why));
+    };
+    this.#w.onerror = (e) => down(`the grammar worker failed: ${e.message}`);
+    this.#w.addEventListener("close", () => down("the grammar worker exited"));
+  }
+
+  convert(schema: string, strict: boolean): Promise<string> {
+    const run = async () => {
+      if (this.dead) throw new Error("the grammar worker exited");
+      // Keep the process alive while a conversion is pending (the idle worker is unref'd).
+      this.#w.ref();
+      try {
+        return await this.#convert(schema, strict);
+      } finally {
+        if (!this.dead) this.#w.unref();
+      }
+    };
+    const out = this.#queue.then(run, run);
+    this.#queue = out.catch(() => {});
+    return out;
+  }
+
+  async #convert(schema: string, strict: boolean): Promise<string> {
+    await this.#ready;
+    return await new Promise<string>((resolve, reject) => {
+      const id = this.#next++;
+      const timer = setTimeout(() => {
+        this.terminate();
+        reject(new Error(`conversion took longer than ${CONVERT_TIMEOUT_MS / 1000} s`));
+      }, CONVERT_TIMEOUT_MS);
+      this.#pending = {
+        id,
+        resolve: (v) => (clearTimeout(timer), resolve(v)),
+        reject: (e) => (clearTimeout(timer), reject(e)),
+      };
+      this.#w.postMessage({ id, schema, strict } satisfies ConvertRequest);
+    });
+  }
+
+  terminate(): void {
+    if (this.dead) return;
+    this.dead = true;
+    this.#w.terminate();
+  }
+}
+
+/**
+ * XGrammar matches UTF-8 leniently: byte-fallback tokens may spell overlong forms, surrogates or
+ * code points beyond U+10FFFF, which the tokenizer's ByteFallback decoder turns into U+FFFD — one
+ * per byte of the whole byte run, a quote spelled as a byte token included — so the text would not
+ * be what the grammar matched. The masks therefore never allow the bytes no UTF-8 holds (C0, C1,
+ * F5-FF), and after the leads E0, ED, F0 and F4 only the second bytes RFC 3629 allows.
+ */
+export interface Utf8Guard {
+  /** Byte tokens never allowed. */
+  never: number[];
+  /** Lead byte token id → the continuation byte tokens not allowed right after it. */
+  after: Map<number, number[]>;
+}
+
+function utf8Guard(vocab: readonly string[], vocabType: string): Utf8Guard {
+  const guard: Utf8Guard = { never: [], after: new Map() };
+  if (vocabType !== "byte_fallback") return guard;
+  const byteId = new Map<number, number>();
+  vocab.forEach((t, id) => {
+    const m = /^<0x([0-9A-F]{2})>$/.exec(t);
+    if (m) byteId.set(Number.parseInt(m[1]!, 16), id);
+  });
+  for (const [b, id] of byteId) if (b === 0xc0 || b === 0xc1 || b >= 0xf5) guard.never.push(id);
+  // The second byte RFC 3629 allows after these leads (others: 80-BF, which XGrammar enforces).
+  const second: [number, number, number][] = [
+    [0xe0, 0xa0, 0xbf],
+    [0xed, 0x80, 0x9f],
+    [0xf0, 0x90, 0xbf],
+    [0xf4, 0x80, 0x8f],
+  ];
+  for (const [lead, lo, hi] of second) {
+    const id = byteId.get(lead);
+    if (id === undefined) continue;
+    const banned: number[] = [];
+    for (let b = 0x80; b <= 0xbf; b++) if ((b < lo || b > hi) && byteId.has(b)) banned.push(byteId.get(b)!);
+    guard.after.set(id, banned);
+  }
+  return guard;
+}
+
+function clearBits(words: Int32Array, ids: readonly number[]): void {
+  for (const id of ids) if (id >> 5 < words.length) words[id >> 5]! &= ~(1 << (id & 31));
+}
+
+/** Frees the matchers of processors dropped without dispose(). */
+const leaked = new FinalizationRegistry<GrammarMatcher>((m) => m.dispose());
+
+class XGrammarProcessor implements GrammarProcessor {
+  readonly readsHistory = true as const;
+  /** Generated ids the matcher has accepted. */
+  readonly #ids: number[] = [];
+  #base: number | undefined;
+  #mask: Int32Array | null = null;
+  #terminated = false;
+  #matcher: GrammarMatcher | null;
+
+  constructor(
+    readonly compiler: StructuredOutputCompiler,
+    readonly vocabSize: number,
+    readonly guard: Utf8Guard,
+    matcher: GrammarMatcher,
+    promptTokens: number | undefined,
+  ) {
+    this.#matcher = matcher;
+    this.#base = promptTokens;
+    leaked.register(this, matcher, this);
+  }
+
+  get terminated(): boolean {
+    return this.#terminated;
+  }
+
+  /** Sync the matcher with the generated ids of `history` (null: none yet), then fetch the next mask. */
+  async advance(history: readonly number[] | null): Promise<void> {
+    const m = this.#live();
+    if (history) {
+      this.#base ??= history.length - this.#ids.length;
+      const base = this.#base;
+      const n = history.length - base;
+      if (n < 0) throw new Error(`grammar processor: history of ${history.length} ids is shorter than the prompt (${base})`);
+      let common = 0;
+      while (common < this.#ids.length && common < n && this.#ids[common] === history[base + common]) common++;
+      if (common < this.#ids.length) {
+        m.rollBack(this.#ids.length - common);
+        this.#ids.length = common;
+      }
+      for (let k = common; k < n; k++) {
+        const t = history[base + k]!;
+        if (!m.acceptToken(t)) throw new Error(`grammar processor: token ${t} is not allowed by the grammar after ${this.#ids.length} tokens`);
+        this.#ids.push(t);
+      }
+    }
+    this.#terminated = m.isTerminated();
+    if (this.#terminated) {
+      this.#mask = null;
+      return;
+    }
+    const mask = await m.getNextTokenBitmask();
+    clearBits(mask, this.guard.never);
+    const after = this.guard.after.get(this.#ids.at(-1) ?? -1);
+    if (after) clearBits(mask, after);
+    this.#mask = mask;
+  }
+
+  process(history: readonly number[], logits: MlxArray): MlxArray {
+    this.#live();
+    this.#base ??= history.length - this.#ids.length;
+    if (history.length - this.#base !== this.#ids.length) {
+      throw new Error(`grammar processor: called with ${history.length - this.#base} generated ids, the matcher has ${this.#ids.length} (advance() was not awaited)`);
+    }
+    return maskLogits(logits, this.#mask, this.vocabSize, this.compiler.stopIds);
+  }
+
+  #live(): GrammarMatcher {
+    if (!this.#matcher) throw new Error("grammar processor: used after dispose()");
+    return this.#matcher;
+  }
+
+  dispose(): void {
+    if (!this.#matcher) return;
+    leaked.unregister(this);
+    this.#matcher.dispose();
+    this.#matcher = null;
+    this.#mask = null;
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/**
+ * logits [1, V] with every token the bitmask does not allow set to -inf (bit i of word i >> 5 =
+ * token i allowed); ids at or beyond the mask's vocabulary are disallowed. A null mask (the grammar
+ * ended) allows only `stopIds`. `vocabSize`: the tokenizer's (the mask's) vocabulary.
+ */
+export function maskLogits(logits: MlxArray, words: Int32Array | null, vocabSize: number, stopIds: readonly number[]): MlxArray {
+  const V = logits.shape.at(-1)!;
+  if (!words) {
+    const allow = new Uint8Array(V);
+    for (const id of stopIds) if (id < V) allow[id] = 1;
+    using keep = MlxArray.fromTypedArray(allow, [1, V], "bool");
+    return mx.where(keep, logits, Number.NEGATIVE_INFINITY);
+  }
+  const W = words.length;
+  using w = MlxArray.fromTypedArray(new Uint32Array(words.buffer, words.byteOffset, W), [W, 1], "uint32");
+  using shifts = mx.arange(0, 32, 1, { dtype: "uint32" });
+  using shifted = mx.right_shift(w, shifts);
+  using bits = mx.bitwise_and(shifted, 1);
+  using flat = mx.reshape(bits, [W * 32]);
+  const n = Math.min(V, vocabSize, W * 32);
+  using head = n === W * 32 ? flat.retain() : mx.slice(flat, [0], [n]);
+  using pad = n === V ? null : mx.zeros([V - n], "uint32");
+  using padded = pad ? mx.concatenate([head, pad], 0) : head.retain();
+  using row = mx.reshape(padded, [1, V]);
+  using keep = mx.astype(row, "bool");
+  return mx.where(keep, logits, Number.NEGATIVE_INFINITY);
+}

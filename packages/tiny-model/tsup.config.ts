@@ -1,0 +1,3 @@
+import { packageBuildConfig } from "../../tools/tsup.shared.ts";
+
+export default packageBuildConfig([]);

@@ -1,0 +1,161 @@
+// One decode step of mlx-bun at batch 1, on the device: host phases and, under Nsight Compute,
+// the GPU kernels of exactly one step per quantized-matmul path (MLX's op, then the qmv kernel).
+//
+//   .native/bin/bun tools/bench/device/decode-step-profile.ts --model DIR --host [--tokens 48] [--reps 2]
+//     per path (exact = mx.quantized_matmul, fast = the mlx-ops qmv kernel): an unpipelined step split
+//     into graph build / asyncEval call (MLX encodes the kernels there) / wait for the token, and
+//     Engine.generate (background evaluation) ms per token; paths interleaved per repetition.
+//   ncu --profile-from-start off ... .native/bin/bun tools/bench/device/decode-step-profile.ts --model DIR --ncu
+//     warms both paths up (MLX JIT-compiles its kernels on first use), then between
+//     cudaProfilerStart/Stop: one exact step, a marker kernel (mlxb_profile_marker), one fast step.
+// The model's KV cache holds the prompt plus the warm-up tokens (~100 tokens).
+import { dlopen, FFIType } from "bun:ffi";
+import { existsSync, readFileSync } from "node:fs";
+import { resolve } from "node:path";
+import { asyncEval, evaluate, MlxArray, synchronize } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import { Engine, Sequence } from "@mlx-bun/runtime";
+
+const arg = (f: string, d: string) => {
+  const i = process.argv.indexOf(`--${f}`);
+  return i >= 0 ? process.argv[i + 1]! : d;
+};
+const has = (f: string) => process.argv.includes(`--${f}`);
+const model = resolve(arg("model", ""));
+if (!existsSync(model)) throw new Error(`no model at ${model}`);
+const N = Number(arg("tokens", "48"));
+const REPS = Number(arg("reps", "2"));
+const log = (s: string) => process.stderr.write(`[step-profile] ${s}\n`);
+
+const t0 = performance.now();
+using engine = Engine.load(model, { kv: "bf16" });
+log(`loaded ${model} in ${((performance.now() - t0) / 1000).toFixed(1)}s; qmv kernel path ${mx.kernels.qmv_kernel.path()}`);
+const { tokenizer, template } = engine.loaded;
+const prompt = template!.apply(tokenizer, [{ role: "user", content: "Hello world! What is the capital of France? Write a short poem about the sea and the sky." }], {
+  addGenerationPrompt: true,
+});
+const PATHS = { exact: "off", fast: "on" } as const;
+type PathName = keyof typeof PATHS;
+const use = (p: PathName) => mx.kernels.set_fast_qmv(PATHS[p]);
+
+function prefilled() {
+  const caches = engine.makeCaches();
+  const seq = new Sequence({ promptIds: prompt, maxTokens: 100000 }, tokenizer);
+  using x = MlxArray.fromNumbers(prompt, [1, prompt.length], "int32");
+  using logits = engine.forward(x, caches);
+  using row = mx.index(logits, ":", -1, ":");
+  const p = seq.pick(row);
+  p.logprobs.dispose();
+  evaluate(p.token);
+  return { caches, seq, tok: p.token };
+}
+type State = ReturnType<typeof prefilled>;
+function step(s: State) {
+  using x = mx.expand_dims(s.tok, 0);
+  using logits = engine.forward(x, s.caches);
+  using row = mx.index(logits, ":", -1, ":");
+  return s.seq.pick(row);
+}
+function done(s: State) {
+  s.tok.dispose();
+  for (const c of s.caches) c.dispose();
+  s.seq.dispose();
+}
+/** n unpipelined steps; ms per token spent building, in the asyncEval call, and waiting in item(). */
+function unpipelined(s: State, n: number) {
+  const ph = { build: 0, asyncEval: 0, wait: 0 };
+  for (let i = 0; i < n; i++) {
+    const a = performance.now();
+    const p = step(s);
+    const b = performance.now();
+    asyncEval(p.token, p.logprobs);
+    const c = performance.now();
+    p.token.item();
+    ph.build += b - a;
+    ph.asyncEval += c - b;
+    ph.wait += performance.now() - c;
+    s.tok.dispose();
+    p.logprobs.dispose();
+    s.tok = p.token;
+  }
+  return { build: ph.build / n, asyncEval: ph.asyncEval / n, wait: ph.wait / n, total: (ph.build + ph.asyncEval + ph.wait) / n };
+}
+async function generateMs(n: number): Promise<number> {
+  const st = engine.generate({ promptIds: prompt, maxTokens: n + 1 });
+  let ts = 0;
+  for await (const _ of st) if (!ts) ts = performance.now();
+  await st.result;
+  return (performance.now() - ts) / n;
+}
+
+if (has("ncu")) {
+  // cudaProfilerStart/Stop from the CUDA runtime MLX loaded (found in this process's mappings).
+  const maps = readFileSync("/proc/self/maps", "utf8");
+  // MLX links the CUDA runtime statically: use the driver's cuProfilerStart/Stop (libcuda is mapped).
+  const cudart = maps.split("\n").map((l) => l.split(/\s+/).at(-1) ?? "").find((p) => /\/libcuda\.so[.\d]*$/.test(p));
+  if (!cudart) throw new Error("libcuda is not mapped in this process (not MLX's CUDA backend?)");
+  const drv = dlopen(cudart, { cuProfilerStart: { args: [], returns: FFIType.i32 }, cuProfilerStop: { args: [], returns: FFIType.i32 } });
+  const rt = { symbols: { cudaProfilerStart: () => drv.symbols.cuProfilerStart(), cudaProfilerStop: () => drv.symbols.cuProfilerStop() } };
+  const marker = mx.kernels.custom_kernel({
+    name: "mlxb_profile_marker",
+    input_names: ["a"],
+    output_names: ["out"],
+    cuda: { source: "  if (threadIdx.x == 0) out[0] = a[0];" },
+    reference: ([a]) => [a!.retain()],
+    launch: ([a]) => ({ output_shapes: [a!.shape], output_dtypes: [a!.dtype], grid: [1, 1, 1], threadgroup: [1, 1, 1] }),
+  });
+  using one = MlxArray.fromNumbers([1], [1], "float32");
+  const s = prefilled();
+  for (const p of ["exact", "fast", "exact", "fast"] as PathName[]) {
+    use(p);
+    unpipelined(s, 8);
+  }
+  const [m0] = marker.run([one]);
+  evaluate(m0!);
+  m0!.dispose();
+  synchronize();
+  log(`cudaProfilerStart ${rt.symbols.cudaProfilerStart()} (${cudart})`);
+  use("exact");
+  const pe = step(s);
+  evaluate(pe.token, pe.logprobs);
+  synchronize();
+  const [m1] = marker.run([one]);
+  evaluate(m1!);
+  m1!.dispose();
+  synchronize();
+  use("fast");
+  s.tok.dispose();
+  pe.logprobs.dispose();
+  s.tok = pe.token;
+  const pf = step(s);
+  evaluate(pf.token, pf.logprobs);
+  synchronize();
+  log(`cudaProfilerStop ${rt.symbols.cudaProfilerStop()}`);
+  s.tok.dispose();
+  pf.logprobs.dispose();
+  s.tok = pf.token;
+  done(s);
+} else {
+  // Warm-up of both paths (JIT), then REPS interleaved repetitions.
+  for (const p of ["exact", "fast"] as PathName[]) {
+    use(p);
+    const s = prefilled();
+    unpipelined(s, 4);
+    done(s);
+    await generateMs(4);
+  }
+  const out: Record<string, { unpipelined: ReturnType<typeof unpipelined>[]; generate_ms: number[] }> = {};
+  for (let r = 0; r < REPS; r++) {
+    const order: PathName[] = r % 2 ? ["fast", "exact"] : ["exact", "fast"];
+    for (const p of order) {
+      use(p);
+      const o = (out[p] ??= { unpipelined: [], generate_ms: [] });
+      const s = prefilled();
+      o.unpipelined.push(unpipelined(s, N));
+      done(s);
+      o.generate_ms.push(await generateMs(N));
+    }
+  }
+  mx.kernels.set_fast_qmv(undefined);
+  console.log(JSON.stringify({ model: model.split("/").at(-1), prompt: prompt.length, tokens: N, reps: REPS, paths: out }));
+}

@@ -1,0 +1,160 @@
+// Decode at batch 1 with the mlx-ops qmv kernel against MLX's quantized_matmul and mlx-lm, in one
+// run: (1) teacher-forced KL of the fast path against the exact one, per decoded token; (2) decode
+// tok/s of mlx-bun exact, mlx-bun fast and mlx-lm (tools/bench/mlx_lm_bench.py in a Python twin),
+// the order rotated every repetition; min / median / max.
+//   .native/bin/bun tools/bench/device/qmv-decode.ts --model DIR [--python PY] [--reps 5]
+//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm]
+// "exact": mx.quantized_matmul everywhere (MLX_BUN_FAST_QMV=0); "fast": the qmv kernel for every
+// quantized linear with at most 16 rows of x (decode), MLX's op for prefill.
+import { writeFileSync } from "node:fs";
+import { resolve } from "node:path";
+import { defaultDevice, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import { Engine, Sequence } from "@mlx-bun/runtime";
+import { Twin } from "../twin.ts";
+
+const arg = (f: string, d: string) => {
+  const i = process.argv.indexOf(`--${f}`);
+  return i >= 0 ? process.argv[i + 1]! : d;
+};
+const ROOT = resolve(import.meta.dir, "..", "..", "..");
+const model = resolve(arg("model", ""));
+const PY = arg("python", process.env.MLX_BUN_PYTHON ?? "python3");
+const REPS = Number(arg("reps", "5"));
+const TOKENS = Number(arg("decode-tokens", "256"));
+const KL_STEPS = Number(arg("kl-steps", "64"));
+const JSON_OUT = arg("json", "");
+const WITH_LM = !process.argv.includes("--no-mlx-lm");
+const log = (s: string) => process.stderr.write(`[qmv-decode +${(performance.now() / 1000).toFixed(0)}s] ${s}\n`);
+
+const engine = Engine.load(model, { kv: "bf16" });
+const { tokenizer, template } = engine.loaded;
+const prompt = template!.apply(tokenizer, [{ role: "user", content: "Hello world! What is the capital of France? Write a short poem about the sea and the sky." }], {
+  addGenerationPrompt: true,
+});
+const use = (p: "exact" | "fast") => mx.kernels.set_fast_qmv(p === "exact" ? "off" : "on");
+const result: Record<string, unknown> = { model, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };
+const save = () => JSON_OUT && writeFileSync(JSON_OUT, JSON.stringify(result, null, 1));
+
+// (1) KL, teacher-forced on the exact path's greedy tokens.
+function run(path: "exact" | "fast", feed?: number[]): { tokens: number[]; logprobs: MlxArray[] } {
+  use(path);
+  const caches = engine.makeCaches();
+  const seq = new Sequence({ promptIds: prompt, maxTokens: 100000 }, tokenizer);
+  const tokens: number[] = [];
+  const logprobs: MlxArray[] = [];
+  try {
+    let ids = MlxArray.fromNumbers(prompt, [1, prompt.length], "int32");
+    for (let i = 0; i <= KL_STEPS; i++) {
+      using logits = engine.forward(ids, caches);
+      ids.dispose();
+      using row = mx.index(logits, ":", -1, ":");
+      const p = seq.pick(row);
+      const lp = mx.astype(p.logprobs, "float32");
+      p.logprobs.dispose();
+      evaluate(p.token, lp);
+      const t = p.token.item() as number;
+      p.token.dispose();
+      if (i > 0) logprobs.push(lp); // rows of decode steps only (the prompt row is a prefill)
+      else lp.dispose();
+      tokens.push(t);
+      ids = MlxArray.fromNumbers([feed ? feed[i]! : t], [1, 1], "int32");
+    }
+    ids.dispose();
+  } finally {
+    for (const c of caches) c.dispose();
+    seq.dispose();
+  }
+  return { tokens, logprobs };
+}
+{
+  log(`KL: ${KL_STEPS} teacher-forced decode steps`);
+  const ex = run("exact");
+  const fa = run("fast", ex.tokens);
+  const kl: number[] = [];
+  let argmaxSame = 0;
+  for (let i = 0; i < ex.logprobs.length; i++) {
+    const e = ex.logprobs[i]!;
+    const f = fa.logprobs[i]!;
+    using pe = mx.exp(e);
+    using d = mx.subtract(e, f);
+    using w = mx.multiply(pe, d);
+    using s = mx.sum(w);
+    kl.push(s.item() as number);
+    if (ex.tokens[i + 1] === fa.tokens[i + 1]) argmaxSame++;
+    e.dispose();
+    f.dispose();
+  }
+  const sorted = [...kl].sort((a, b) => a - b);
+  result.kl = {
+    steps: kl.length,
+    max: sorted.at(-1),
+    median: sorted[sorted.length >> 1],
+    mean: kl.reduce((a, b) => a + b, 0) / kl.length,
+    greedy_same: `${argmaxSame}/${kl.length}`,
+    per_step: kl,
+  };
+  log(`KL per token: max ${sorted.at(-1)!.toExponential(2)}, median ${sorted[sorted.length >> 1]!.toExponential(2)}; greedy ${argmaxSame}/${kl.length}`);
+  save();
+}
+
+// (2) tok/s.
+async function ours(path: "exact" | "fast", n: number): Promise<{ tps: number; tokens: number[] }> {
+  use(path);
+  const s = engine.generate({ promptIds: prompt, maxTokens: n });
+  let tFirst = 0;
+  const toks: number[] = [];
+  for await (const ev of s) {
+    if (!tFirst) tFirst = performance.now();
+    toks.push(ev.token);
+  }
+  const t = performance.now() - tFirst;
+  await s.result;
+  return { tps: ((toks.length - 1) * 1000) / t, tokens: toks };
+}
+const twin = WITH_LM ? new Twin(PY, ROOT) : null;
+if (twin) {
+  await twin.line();
+  const l = await twin.call<{ load_s: number }>("load", { model });
+  log(`mlx-lm loaded in ${l.load_s.toFixed(1)}s`);
+}
+const theirs = async (n: number) => {
+  const r = await twin!.call<{ decode_s: number; tokens: number[] }>("decode", { prompt, n });
+  return { tps: (r.tokens.length - 1) / r.decode_s, tokens: r.tokens };
+};
+log("warm-up");
+await ours("exact", 8);
+await ours("fast", 8);
+if (twin) await theirs(8);
+const names = ["mlx-bun exact", "mlx-bun fast", ...(twin ? ["mlx-lm"] : [])];
+const runs: Record<string, () => Promise<{ tps: number; tokens: number[] }>> = {
+  "mlx-bun exact": () => ours("exact", TOKENS),
+  "mlx-bun fast": () => ours("fast", TOKENS),
+  "mlx-lm": () => theirs(TOKENS),
+};
+const tps: Record<string, number[]> = {};
+const firstTokens: Record<string, number[]> = {};
+for (let r = 0; r < REPS; r++) {
+  const order = names.map((_, i) => names[(i + r) % names.length]!);
+  for (const n of order) {
+    const x = await runs[n]!();
+    (tps[n] ??= []).push(x.tps);
+    firstTokens[n] ??= x.tokens.slice(0, 32);
+  }
+  log(`rep ${r + 1}/${REPS}: ${names.map((n) => `${n} ${tps[n]!.at(-1)!.toFixed(1)}`).join(", ")}`);
+}
+const mmm = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return { min: s[0]!, median: s[s.length >> 1]!, max: s.at(-1)!, all: xs };
+};
+result.tok_s = Object.fromEntries(names.map((n) => [n, mmm(tps[n]!)]));
+result.greedy_first_32 = Object.fromEntries(names.map((n) => [n, JSON.stringify(firstTokens[n]) === JSON.stringify(firstTokens[names[0]!])]));
+save();
+for (const n of names) {
+  const m = mmm(tps[n]!);
+  console.log(`| ${n} | ${m.min.toFixed(1)} / ${m.median.toFixed(1)} / ${m.max.toFixed(1)} |`);
+}
+console.log(JSON.stringify({ kl: { ...(result.kl as object), per_step: undefined }, greedy_first_32: result.greedy_first_32 }));
+if (twin) await twin.close();
+mx.kernels.set_fast_qmv(undefined);
+engine.dispose();

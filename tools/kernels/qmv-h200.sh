@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The quantized matvec kernel and the decode profile on the H200, run as the THEN step of
+# tools/bench/device/run-h200.sh (which unpacks MLX's CUDA build, Bun and libmlxb.so, exports
+# LD_LIBRARY_PATH, MLX_BUN_NATIVE, MLX_BUN_PYTHON, MLX_PTX_CACHE_DIR and writes the 1B model):
+#   NO_COMPARE=1 THEN='STEPS="check bench ncu12b ncu1b host" bash tools/kernels/qmv-h200.sh' DEADLINE=560 bash tools/bench/device/run-h200.sh
+# Steps (STEPS; each is skipped when less than its budget is left before DEADLINE, counted from
+# the start of run-h200.sh through SECONDS):
+#   check    check_cuda_kernels.py --only mlxb_qmv (NVRTC + every case against the reference)
+#   bench    tools/kernels/bench_qmv.py [--sweep with SWEEP=1]: µs and GB/s per shape, ours vs MLX
+#   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)
+#   ncu12b / ncu1b   one decode step per path under ncu (tools/bench/device/decode-step-profile.ts --ncu)
+#   host     decode-step-profile.ts --host for the 12B and the 1B (build / encode / wait per step)
+#   decode12b / decode1b   tools/bench/device/qmv-decode.ts: KL + tok/s exact / fast / mlx-lm (REPS, default 5)
+# The 12B-shaped checkpoint (tools/bench/device/make_12b_model.py) is written in the background at
+# the start when a step needs it. Files in $OUT: main.log (this script's output) and the ncu CSVs.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+OUT="${OUT:-/tmp/h200-out}"
+PY="${MLX_BUN_PYTHON:-python3}"
+NCU="${NCU:-/usr/local/cuda/bin/ncu}"
+STEPS="${STEPS:-check bench ncu12b ncu1b host}"
+DEADLINE="${DEADLINE:-560}"
+B=.native/bin/bun
+M1=.native/bench-models/gemma4-1b-4bit
+M12=.native/bench-models/gemma4-12b-4bit
+mkdir -p "$OUT"
+log() { echo "[qmv-h200 +${SECONDS}s] $*"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+# fits BUDGET: true when BUDGET seconds are left before DEADLINE (else logs a skip).
+fits() { if [ $((DEADLINE - SECONDS)) -ge "$1" ]; then return 0; fi; log "SKIP ($((DEADLINE - SECONDS))s left, needs $1s)"; return 1; }
+left() { local l=$((DEADLINE - SECONDS - 5)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+
+$B tools/kernels/export-sources.ts /tmp/kernel-sources.json || exit 1
+if [[ "$STEPS" == *12b* ]] && [ ! -f "$M12/config.json" ]; then
+  log "writing the 12B-shaped checkpoint in the background"
+  ( "$PY" tools/bench/device/make_12b_model.py --out "$M12" --rng mlx > /tmp/make12b.log 2>&1; echo "exit $?" >> /tmp/make12b.log ) &
+  MAKE12=$!
+fi
+wait12() {
+  if [ -n "${MAKE12:-}" ]; then wait "$MAKE12"; MAKE12=; log "12B checkpoint: $(tail -2 /tmp/make12b.log | tr '\n' ' ')"; fi
+  [ -f "$M12/config.json" ]
+}
+NCU_STEP=(--profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+  --clock-control none --cache-control none --print-kernel-base function --csv)
+
+for s in $STEPS; do
+  case "$s" in
+    check)
+      fits 60 || continue
+      log "check_cuda_kernels.py --only mlxb_qmv"
+      timeout "$(left 170)" "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json --only mlxb_qmv 2>&1 | tail -40
+      ;;
+    bench)
+      fits 60 || continue
+      wait12 >/dev/null  # not while the 12B checkpoint is drawn on the same GPU
+      log "bench_qmv.py ${SWEEP:+--sweep}"
+      timeout "$(left 150)" "$PY" tools/kernels/bench_qmv.py /tmp/kernel-sources.json ${SWEEP:+--sweep} ${QUICK:+--quick} 2>&1
+      ;;
+    ncubench)
+      fits 45 || continue
+      log "bench_qmv.py --ncu under ncu"
+      timeout "$(left 120)" "$NCU" --kernel-name regex:qmv --clock-control none --print-kernel-base function --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size \
+        "$PY" tools/kernels/bench_qmv.py /tmp/kernel-sources.json --ncu --quick > "$OUT/ncu-qmv.csv" 2>&1
+      log "ncu exit $?, $(grep -c '"gpu__time_duration.sum"' "$OUT/ncu-qmv.csv") kernels"
+      ;;
+    ncu12b | ncu1b)
+      fits 70 || continue
+      m=$M1
+      if [ "$s" = ncu12b ]; then wait12 || { log "no 12B checkpoint"; continue; }; m=$M12; fi
+      log "$s: decode-step-profile.ts --ncu"
+      timeout "$(left 200)" "$NCU" "${NCU_STEP[@]}" $B tools/bench/device/decode-step-profile.ts --model "$m" --ncu > "/tmp/$s.csv" 2> "/tmp/$s.err"
+      log "ncu exit $?, $(grep -c '"gpu__time_duration.sum"' "/tmp/$s.csv") kernels; $(grep -v '^==PROF==' "/tmp/$s.err" | tail -4 | tr '\n' ' ')"
+      xz -T0 -c "/tmp/$s.csv" > "$OUT/$s.csv.xz"
+      ;;
+    host)
+      for m in "$M12" "$M1"; do
+        fits 50 || continue
+        [ "$m" = "$M12" ] && { wait12 || continue; }
+        log "decode-step-profile.ts --host $m"
+        timeout "$(left 120)" $B tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens 48 --reps 2 2>&1 | tail -3
+      done
+      ;;
+    decode12b | decode1b)
+      fits 90 || continue
+      m=$M1
+      if [ "$s" = decode12b ]; then wait12 || { log "no 12B checkpoint"; continue; }; m=$M12; fi
+      log "$s: qmv-decode.ts"
+      timeout "$(left 300)" $B tools/bench/device/qmv-decode.ts --model "$m" --python "$PY" --reps "${REPS:-5}" \
+        --decode-tokens "${TOKENS:-256}" --kl-steps "${KL_STEPS:-64}" --json "$OUT/$s.json" 2>&1 | tail -12
+      ;;
+    *) log "unknown step $s" ;;
+  esac
+done
+[ -n "${MAKE12:-}" ] && kill "$MAKE12" 2>/dev/null
+log "done"
