@@ -49,7 +49,7 @@ for s in $STEPS; do
     check)
       fits 60 || continue
       log "check_cuda_kernels.py --only mlxb_qmv"
-      timeout "$(left 170)" "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json --only mlxb_qmv 2>&1 | tail -40
+      timeout "$(left "${CHECK_S:-170}")" "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json --only mlxb_qmv 2>&1 | tail -40
       ;;
     bench)
       fits 60 || continue
@@ -79,7 +79,7 @@ for s in $STEPS; do
         fits 50 || continue
         [ "$m" = "$M12" ] && { wait12 || continue; }
         log "decode-step-profile.ts --host $m"
-        timeout "$(left 120)" $B tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens 48 --reps 2 2>&1 | tail -3
+        timeout "$(left 120)" $B tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens "${HOST_TOKENS:-48}" --reps "${HOST_REPS:-2}" 2>&1 | tail -3
       done
       ;;
     decode12b | decode1b)

@@ -17,7 +17,7 @@ const { gpu_backend, qmv, qmv_kernel, qmv_config, qmv_launch_of, qmv_shape, quan
 function inputs(lead: number[], n: number, k: number, bits: number, gs: number, dtype: Dtype, seed: number): MlxArray[] {
   const x = randn([...lead, k], seed, dtype);
   using w = randn([n, k], seed + 1, dtype, 1 / Math.sqrt(k));
-  return [x, ...quantize(w, { group_size: gs, bits })];
+  return [x, ...(quantize(w, { group_size: gs, bits }) as MlxArray[])];
 }
 const dispose = (xs: MlxArray[]) => xs.forEach((a) => a.dispose());
 
@@ -74,7 +74,7 @@ describe("qmv kernel", () => {
       expect(() => qmv(x3, w3, s3, s3)).toThrow(/3 bits per value/);
       using sBad = randn([41, 4], 5, "bfloat16");
       expect(() => qmv(x, w, sBad, b)).toThrow(/do not match w/);
-      const w2 = quantize(randn([8, 256], 6), { group_size: 32, bits: 2 });
+      const w2 = quantize(randn([8, 256], 6), { group_size: 32, bits: 2 }) as MlxArray[];
       try {
         expect(() => qmv(x, w2[0]!, w2[1]!, w2[2]!)).toThrow(/2 bits per value/);
       } finally {
@@ -134,6 +134,11 @@ describe("qmv kernel", () => {
       expectNoLeaks(() => {
         expect(() => qmv_kernel.run(xs, { environment: { gpu_backend: "metal", device: "gpu" } })).toThrow(/No Metal back-end/);
         expect(() => qmv_kernel.run(xs, { environment: { gpu_backend: "cuda", device: "gpu" } })).toThrow(/No CUDA back-end/);
+        // The prepared launch (quantized_linear's per-shape cache) marshals the same call.
+        const p = qmv_kernel.prepare(qmv_kernel.spec.launch(xs));
+        expect(p.n_tmpl).toBe(8);
+        expect(Array.from(p.values!).slice(1)).toEqual([8, 32, 128, 16, 2, 4, 1]); // BITS GS K N MB RPW SPLIT
+        expect(() => qmv_kernel.runPrepared("metal", xs, p)).toThrow(/^kernel mlxb_qmv \(metal\)\(.*\): .*No Metal back-end/);
       });
     } finally {
       dispose(xs);

@@ -121,19 +121,23 @@ function boundedRun(this: InterpreterInternals, program: unknown): Runtime {
 }
 
 // The time budget of the render in progress (rendering is synchronous: one at a time). Every
-// expression and every loop iteration goes through evaluate(), so checking the clock there (every
-// 256 calls) bounds any template loop.
+// expression goes through evaluate() and every loop iteration through renderBlock(), so checking
+// the clock there (every 64 calls) bounds any template loop.
 let deadline = Number.POSITIVE_INFINITY;
 let budgetMs = 0;
 let steps = 0;
-function budgetedEvaluate(this: InterpreterInternals, n: Node, env: unknown): Runtime {
-  if ((++steps & 255) === 0 && performance.now() > deadline) {
+function tick(): void {
+  if ((++steps & 63) === 0 && performance.now() > deadline) {
     throw new TemplateTimeoutError(`rendering the chat template took longer than ${budgetMs} ms (a template loop running too long); the request was not run`);
   }
+}
+function budgetedEvaluate(this: InterpreterInternals, n: Node, env: unknown): Runtime {
+  tick();
   return jsEvaluate.call(this, n, env);
 }
 const STATEMENTS = new Set(["Macro", "CallStatement", "FilterStatement"]);
 function pythonRenderBlock(this: InterpreterInternals, statements: Node[], env: unknown): string {
+  tick();
   let out = "";
   for (const st of statements) {
     switch (st.type) {

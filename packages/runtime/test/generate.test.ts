@@ -101,10 +101,14 @@ describe("generation", () => {
 
 describe("faults", () => {
   test("a generation fault is an error of the stream (alone and batched), not a cancelled result; the scheduler keeps serving", async () => {
-    // q8 needs head dims divisible by 64; the tiny model's sliding layers have 32.
-    using e = Engine.load(models.path("small"), { kv: "q8" });
+    // A KV mode the model cannot hold is refused at load (q8 needs head dims divisible by 64; the tiny model's sliding layers have 32).
+    expect(() => Engine.load(models.path("small"), { kv: "q8" })).toThrow(/group size 64/);
+    // A forward pass that fails mid-generation.
+    const loaded = (await import("@mlx-bun/models")).loadModel(models.path("small"));
+    const failing = { makeCaches: (m?: Parameters<typeof loaded.model.makeCaches>[0]) => loaded.model.makeCaches(m), forward: () => { throw new Error("the forward pass failed: group size 64 (injected)"); } };
+    using e = new Engine(loaded, { stepModel: failing });
     const s = e.generate({ promptIds: PROMPT, maxTokens: 4 });
-    await expect(s.result).rejects.toThrow(/head dim 32 is not a multiple of the group size 64/);
+    await expect(s.result).rejects.toThrow(/group size 64/);
     const it = s[Symbol.asyncIterator]();
     await expect(it.next()).rejects.toThrow(/group size 64/);
     const { Scheduler } = await import("../src/index.ts");
