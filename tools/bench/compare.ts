@@ -142,11 +142,23 @@ function writeJson(complete: boolean): void {
   const cmd = `.native/bin/bun tools/bench/compare.ts ${argv.map((a) => (/[\s(),;&|]/.test(a) ? JSON.stringify(a) : a)).join(" ")}`.trim();
   const cfg = JSON.parse(readFileSync(join(O.model, "config.json"), "utf8"));
   const tc = cfg.text_config ?? cfg;
-  const model_config = Object.fromEntries(["hidden_size", "num_hidden_layers", "num_kv_shared_layers", "vocab_size", "dtype", "quantization"].map((k) => [k, tc[k] ?? cfg[k]]));
-  writeFileSync(jsonPath, `${JSON.stringify({ model_config, date: new Date(performance.timeOrigin + T0).toISOString(), machine: machineLine(), command: cmd, complete, model: O.model, options: O, rows, extra, elapsed_s: (performance.now() - T0) / 1000 }, null, 2)}\n`);
+  const model_config = Object.fromEntries(
+    ["hidden_size", "num_hidden_layers", "num_kv_shared_layers", "vocab_size", "dtype", "quantization"].map((k) => [k, tc[k] ?? cfg[k]]),
+  );
+  writeFileSync(
+    jsonPath,
+    `${JSON.stringify({ model_config, date: new Date(performance.timeOrigin + T0).toISOString(), machine: machineLine(), command: cmd, complete, model: O.model, options: O, rows, extra, elapsed_s: (performance.now() - T0) / 1000 }, null, 2)}\n`,
+  );
 }
 function addRow(figure: string, unit: string, higherIsBetter: boolean, ours: number[] | null, theirs: number[] | null, noteText?: string): Row {
-  const r: Row = { figure, unit, higherIsBetter, ours: ours?.length ? stat(ours) : null, theirs: theirs?.length ? stat(theirs) : null, ...(noteText ? { note: noteText } : {}) };
+  const r: Row = {
+    figure,
+    unit,
+    higherIsBetter,
+    ours: ours?.length ? stat(ours) : null,
+    theirs: theirs?.length ? stat(theirs) : null,
+    ...(noteText ? { note: noteText } : {}),
+  };
   rows.push(r);
   writeJson(false);
   const f = (s: Stat | null) => (s ? (unit === "bytes" ? fmtBytes(s.median) : fmt(s.median)) : "—");
@@ -300,7 +312,8 @@ async function countCrossings(engine: Engine, prompt: number[], n: number): Prom
     const ops = (b.made - m1.made - (m1.made - a.made)) / n;
     // Arrays made through the core table (fromBytes, scalars) are counted in both; ops made by
     // other tables (mlx-ops, kv-cache, models) only in `made`.
-    const coreMade = (perCore.mlxb_array_from_bytes ?? 0) + (perCore.mlxb_array_scalar ?? 0) + (perCore.mlxb_array_scalar_int ?? 0) + (perCore.mlxb_array_retain ?? 0);
+    const coreMade =
+      (perCore.mlxb_array_from_bytes ?? 0) + (perCore.mlxb_array_scalar ?? 0) + (perCore.mlxb_array_scalar_int ?? 0) + (perCore.mlxb_array_retain ?? 0);
     return { arrays_made_per_token: ops, core_calls_per_token: coreTotal, crossings_per_token: coreTotal + ops - coreMade, ...perCore };
   } finally {
     for (const [k, f] of saved) core[k] = f;
@@ -331,9 +344,13 @@ function oursBandwidth(mb: number, reps: number): number[] {
 // ------------------------------------------------------------------------------------------
 function tensorBytes(dir: string): Map<string, number> {
   const out = new Map<string, number>();
-  const files = [...new Set(existsSync(join(dir, "model.safetensors.index.json"))
-    ? Object.values(JSON.parse(readFileSync(join(dir, "model.safetensors.index.json"), "utf8")).weight_map as Record<string, string>)
-    : ["model.safetensors"])];
+  const files = [
+    ...new Set(
+      existsSync(join(dir, "model.safetensors.index.json"))
+        ? Object.values(JSON.parse(readFileSync(join(dir, "model.safetensors.index.json"), "utf8")).weight_map as Record<string, string>)
+        : ["model.safetensors"],
+    ),
+  ];
   for (const f of files) {
     const fd = openSync(join(dir, f), "r");
     const head = Buffer.alloc(8);
@@ -519,7 +536,9 @@ const oursWeights = memory.active();
 const theirsLoad = await twin.call<{ load_s: number; active_bytes: number; device: string }>("load", { model: O.model });
 extra.load = { ours_s: oursLoad, theirs_s: theirsLoad.load_s, ours_active_bytes: oursWeights, theirs_active_bytes: theirsLoad.active_bytes };
 extra.device = { ours: defaultDeviceName(), theirs: theirsLoad.device, mlx_ours: mlxVersion(), mlx_theirs: ready.mlx };
-note(`loaded: mlx-bun ${oursLoad.toFixed(1)}s (${fmtBytes(oursWeights)} active), mlx-lm ${theirsLoad.load_s.toFixed(1)}s (${fmtBytes(theirsLoad.active_bytes)}); device ${defaultDeviceName()} / ${theirsLoad.device}`);
+note(
+  `loaded: mlx-bun ${oursLoad.toFixed(1)}s (${fmtBytes(oursWeights)} active), mlx-lm ${theirsLoad.load_s.toFixed(1)}s (${fmtBytes(theirsLoad.active_bytes)}); device ${defaultDeviceName()} / ${theirsLoad.device}`,
+);
 
 const { tokenizer, template } = engine.loaded;
 const chatText = "Hello world! What is the capital of France? Write a short poem about the sea and the sky.";
@@ -566,7 +585,12 @@ async function interleave(label: string, reps: number, a: (r: number) => Promise
 
 // 1. Memory bandwidth, measured by both processes with the same MLX op.
 await phase("bandwidth", async () => {
-  const [a, b] = await interleave("bandwidth", 3, async () => median(oursBandwidth(O.bwMb, 5)), async () => median((await twin.call<{ gbps: number[] }>("bandwidth", { mb: O.bwMb, reps: 5 })).gbps));
+  const [a, b] = await interleave(
+    "bandwidth",
+    3,
+    async () => median(oursBandwidth(O.bwMb, 5)),
+    async () => median((await twin.call<{ gbps: number[] }>("bandwidth", { mb: O.bwMb, reps: 5 })).gbps),
+  );
   addRow(`memory bandwidth (x + 1 over ${O.bwMb} MiB float32, read + write)`, "GB/s", true, a, b);
   memory.resetPeak();
   await twin.call("peak", { reset: true });
@@ -593,21 +617,30 @@ await phase("decode", async () => {
   addRow("decode, batch 1", "tok/s", true, a, b, decodeTokensChecked ? "greedy tokens identical" : "greedy tokens DIFFER");
   extra.decode_tokens = { ours: ro.tokens, theirs: rt.tokens };
   const theirsPeak = await twin.call<{ peak_bytes: number }>("peak", { reset: true });
-  addRow(`MLX peak memory, decode phase (${chatPrompt.length}-token prompt + ${O.decodeTokens} tokens)`, "bytes", false, [memory.peak()], [theirsPeak.peak_bytes], `weights: ${fmtBytes(oursWeights)} / ${fmtBytes(theirsLoad.active_bytes)} active after load`);
+  addRow(
+    `MLX peak memory, decode phase (${chatPrompt.length}-token prompt + ${O.decodeTokens} tokens)`,
+    "bytes",
+    false,
+    [memory.peak()],
+    [theirsPeak.peak_bytes],
+    `weights: ${fmtBytes(oursWeights)} / ${fmtBytes(theirsLoad.active_bytes)} active after load`,
+  );
   memory.resetPeak();
 });
 
 // 3. Prefill tok/s (time to first token of an n-token prompt, chunks of 2048).
-await phase("prefill", async () => { for (const n of O.prefill) {
-  const prompt = syntheticPrompt(n, n);
-  const [a, b] = await interleave(
-    `prefill ${n}`,
-    O.prefillReps,
-    async () => n / (await oursPrefill(engine, prompt)),
-    async () => n / (await twin.call<{ seconds: number }>("prefill", { prompt })).seconds,
-  );
-  addRow(`prefill, ${n}-token prompt`, "tok/s", true, a, b);
-} });
+await phase("prefill", async () => {
+  for (const n of O.prefill) {
+    const prompt = syntheticPrompt(n, n);
+    const [a, b] = await interleave(
+      `prefill ${n}`,
+      O.prefillReps,
+      async () => n / (await oursPrefill(engine, prompt)),
+      async () => n / (await twin.call<{ seconds: number }>("prefill", { prompt })).seconds,
+    );
+    addRow(`prefill, ${n}-token prompt`, "tok/s", true, a, b);
+  }
+});
 
 // 4. Peak memory of the prefill phase (weights + the largest prefill's caches and activations).
 await phase("peak prefill", async () => {
@@ -619,15 +652,20 @@ await phase("peak prefill", async () => {
 // 5. Host work: graph-building vs evaluation time per decode step (unpipelined), and FFI crossings.
 await phase("host work", async () => {
   const n = Math.min(O.decodeTokens, 32);
-  const [a, b] = await interleave("decode step: host graph build vs eval", Math.min(O.reps, 3), async () => {
-    const r = oursSteps(engine, chatPrompt, n);
-    (extra.steps_ours ??= [] as unknown[]) && (extra.steps_ours as unknown[]).push(r);
-    return r.build * 1000;
-  }, async () => {
-    const r = await twin.call<{ build_s: number; eval_s: number }>("steps", { prompt: chatPrompt, n });
-    (extra.steps_theirs ??= [] as unknown[]) && (extra.steps_theirs as unknown[]).push(r);
-    return r.build_s * 1000;
-  });
+  const [a, b] = await interleave(
+    "decode step: host graph build vs eval",
+    Math.min(O.reps, 3),
+    async () => {
+      const r = oursSteps(engine, chatPrompt, n);
+      (extra.steps_ours ??= [] as unknown[]) && (extra.steps_ours as unknown[]).push(r);
+      return r.build * 1000;
+    },
+    async () => {
+      const r = await twin.call<{ build_s: number; eval_s: number }>("steps", { prompt: chatPrompt, n });
+      (extra.steps_theirs ??= [] as unknown[]) && (extra.steps_theirs as unknown[]).push(r);
+      return r.build_s * 1000;
+    },
+  );
   addRow("host graph-building time per decode step", "ms", false, a, b);
   const ea = (extra.steps_ours as { eval: number }[]).map((r) => r.eval * 1000);
   const eb = (extra.steps_theirs as { eval_s: number }[]).map((r) => r.eval_s * 1000);
@@ -635,7 +673,9 @@ await phase("host work", async () => {
   progress("counting FFI crossings");
   const c = await countCrossings(engine, chatPrompt, 16);
   extra.ffi = c;
-  note(`FFI crossings per decoded token (mlx-bun): ${c.crossings_per_token?.toFixed(0)} (op results ${c.arrays_made_per_token?.toFixed(0)}, core-table calls ${c.core_calls_per_token?.toFixed(0)})`);
+  note(
+    `FFI crossings per decoded token (mlx-bun): ${c.crossings_per_token?.toFixed(0)} (op results ${c.arrays_made_per_token?.toFixed(0)}, core-table calls ${c.core_calls_per_token?.toFixed(0)})`,
+  );
 });
 
 // 6. Roofline: bytes read per decoded token over the measured bandwidth, against the decode time.
@@ -742,7 +782,12 @@ if (HTTP) {
       // is shared, so the side that ran first would pay for both).
       await run(ours, -1);
       await run(theirs, -1);
-      const [ca, cb] = await interleave(`HTTP ${C} concurrent streams × ${O.streamTokens} tokens`, O.streamReps, (r) => run(ours, r), (r) => run(theirs, r));
+      const [ca, cb] = await interleave(
+        `HTTP ${C} concurrent streams × ${O.streamTokens} tokens`,
+        O.streamReps,
+        (r) => run(ours, r),
+        (r) => run(theirs, r),
+      );
       addRow(`aggregate tok/s over HTTP, ${C} concurrent stream${C > 1 ? "s" : ""} × ${O.streamTokens} tokens`, "tok/s", true, ca, cb);
     }
     extra.http_prompt_tokens = pt;
@@ -771,7 +816,16 @@ await phase("scheduler", async () => {
       progress(`Scheduler in process, ${C} streams`, r < 0 ? "warm-up" : `rep ${r + 1}/${O.streamReps}`);
       const t0 = performance.now();
       const res = await Promise.all(
-        Array.from({ length: C }, (_, i) => sched.submit({ promptIds: template!.apply(tokenizer, [{ role: "user", content: `Stream ${i} of ${C}, run ${r}: ${words(8, i + r)}` }], { addGenerationPrompt: true }), maxTokens: O.streamTokens }).result),
+        Array.from(
+          { length: C },
+          (_, i) =>
+            sched.submit({
+              promptIds: template!.apply(tokenizer, [{ role: "user", content: `Stream ${i} of ${C}, run ${r}: ${words(8, i + r)}` }], {
+                addGenerationPrompt: true,
+              }),
+              maxTokens: O.streamTokens,
+            }).result,
+        ),
       );
       if (r >= 0) xs.push(res.reduce((a, x) => a + x.tokens.length, 0) / ((performance.now() - t0) / 1000));
     }
@@ -814,7 +868,14 @@ await phase("kv", async () => {
 await phase("final peak", async () => {
   const ours = memory.peak();
   const theirs = await twin.call<{ peak_bytes: number }>("peak", { reset: false });
-  addRow("MLX peak memory from the prefill phase to the end (prefill, KV modes, Scheduler)", "bytes", false, [ours], [theirs.peak_bytes], extra.serve_peak_bytes ? `mlx-bun serve: ${fmtBytes(extra.serve_peak_bytes as number)} (mlx_lm.server reports none)` : undefined);
+  addRow(
+    "MLX peak memory from the prefill phase to the end (prefill, KV modes, Scheduler)",
+    "bytes",
+    false,
+    [ours],
+    [theirs.peak_bytes],
+    extra.serve_peak_bytes ? `mlx-bun serve: ${fmtBytes(extra.serve_peak_bytes as number)} (mlx_lm.server reports none)` : undefined,
+  );
 });
 await twin.close();
 if (TTY) process.stderr.write("\n");
@@ -861,11 +922,30 @@ function renderMarkdown(d: Report): string {
   md.push("| figure | unit | mlx-bun | mlx-lm | ratio | note |", "| --- | --- | --- | --- | --- | --- |");
   for (const r of d.rows) md.push(`| ${r.figure} | ${r.unit} | ${s3(r.ours, r.unit)} | ${s3(r.theirs, r.unit)} | ${ratio(r)} | ${r.note ?? ""} |`);
   const ffi = d.extra.ffi as Record<string, number> | undefined;
-  if (ffi) md.push("", `FFI crossings per decoded token (mlx-bun): ${ffi.crossings_per_token?.toFixed(0)} (${ffi.arrays_made_per_token?.toFixed(0)} op results, ${ffi.core_calls_per_token?.toFixed(0)} core-table calls: ${Object.entries(ffi).filter(([k]) => k.startsWith("mlxb_")).map(([k, v]) => `${k.slice(5)} ${v}`).join(", ")}).`);
+  if (ffi)
+    md.push(
+      "",
+      `FFI crossings per decoded token (mlx-bun): ${ffi.crossings_per_token?.toFixed(0)} (${ffi.arrays_made_per_token?.toFixed(0)} op results, ${ffi.core_calls_per_token?.toFixed(0)} core-table calls: ${Object.entries(
+        ffi,
+      )
+        .filter(([k]) => k.startsWith("mlxb_"))
+        .map(([k, v]) => `${k.slice(5)} ${v}`)
+        .join(", ")}).`,
+    );
   const rf = d.extra.roofline as { weights: number; kv: number; table: number; floor_s: number; ours_s: number; theirs_s: number } | undefined;
-  if (rf) md.push("", `Roofline: ${fmtBytes(rf.weights)} of weights (per-layer embedding table ${fmtBytes(rf.table)} not read: one row per token) + ${fmtBytes(rf.kv)} KV per decoded token at the measured bandwidth = ${(rf.floor_s * 1000).toFixed(3)} ms; measured ${(rf.ours_s * 1000).toFixed(3)} ms (mlx-bun), ${(rf.theirs_s * 1000).toFixed(3)} ms (mlx-lm).`);
+  if (rf)
+    md.push(
+      "",
+      `Roofline: ${fmtBytes(rf.weights)} of weights (per-layer embedding table ${fmtBytes(rf.table)} not read: one row per token) + ${fmtBytes(rf.kv)} KV per decoded token at the measured bandwidth = ${(rf.floor_s * 1000).toFixed(3)} ms; measured ${(rf.ours_s * 1000).toFixed(3)} ms (mlx-bun), ${(rf.theirs_s * 1000).toFixed(3)} ms (mlx-lm).`,
+    );
   const fl = d.extra.failures as Record<string, string> | undefined;
-  if (fl) md.push("", `Failed phases: ${Object.entries(fl).map(([k, v]) => `${k} (${v.split("\n")[0]})`).join("; ")}.`);
+  if (fl)
+    md.push(
+      "",
+      `Failed phases: ${Object.entries(fl)
+        .map(([k, v]) => `${k} (${v.split("\n")[0]})`)
+        .join("; ")}.`,
+    );
   md.push("");
   return md.join("\n");
 }

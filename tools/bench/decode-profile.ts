@@ -31,7 +31,11 @@ const REPS = Number(arg("reps", "5"));
 using engine = Engine.load(model, { kv: "bf16" });
 const plainEngine = new Engine(engine.loaded, { kv: "bf16", backgroundEval: false });
 const { tokenizer, template } = engine.loaded;
-const prompt = template!.apply(tokenizer, [{ role: "user", content: "Hello world! What is the capital of France? Write a short poem about the sea and the sky." }], { addGenerationPrompt: true });
+const prompt = template!.apply(
+  tokenizer,
+  [{ role: "user", content: "Hello world! What is the capital of France? Write a short poem about the sea and the sky." }],
+  { addGenerationPrompt: true },
+);
 
 function prefilled(): { caches: ReturnType<Engine["makeCaches"]>; seq: Sequence; tok: MlxArray } {
   const caches = engine.makeCaches();
@@ -143,8 +147,7 @@ const variants: Record<string, () => Promise<number>> = {
   },
   // toTypedArray() reads through the host view (mlxb_array_host_view); item() through mlxb_array_item_f64.
   "c2. pipelined, read with toTypedArray()": () => pipelined({ read: (p) => void p.token.toTypedArray()[0] }),
-  "d. (c) + Sequence.accept + setImmediate": () =>
-    pipelined({ read: (p, seq) => seq.accept(p), beforeStep: () => new Promise((r) => setImmediate(r)) }),
+  "d. (c) + Sequence.accept + setImmediate": () => pipelined({ read: (p, seq) => seq.accept(p), beforeStep: () => new Promise((r) => setImmediate(r)) }),
   "e. Engine.generate (for await)": () => generateMs(engine),
   "e0. (e) with backgroundEval off": () => generateMs(plainEngine),
   "f. Scheduler, one request": async () => {
@@ -192,7 +195,13 @@ for (let r = 0; r < REPS; r++) {
 process.stderr.write("\n");
 const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
 console.log(`decode profile: ${model.split("/").at(-1)}, ${prompt.length}-token prompt, ${N} tokens, ${REPS} reps (ms per token, min / median)`);
-const perPhase = (p: typeof phases) => `build ${(p.build / N).toFixed(2)}, asyncEval call ${(p.asyncEval / N).toFixed(2)}, wait in item() ${(p.wait / N).toFixed(2)}`;
+const perPhase = (p: typeof phases) =>
+  `build ${(p.build / N).toFixed(2)}, asyncEval call ${(p.asyncEval / N).toFixed(2)}, wait in item() ${(p.wait / N).toFixed(2)}`;
 console.log(`(a) per phase, ms per token: ${perPhase(unpipelined)}`);
 console.log(`(c) per phase, ms per token: ${perPhase(phases)}`);
-for (const [k, xs] of Object.entries(res)) console.log(`${k.padEnd(42)} ${Math.min(...xs).toFixed(2).padStart(7)} / ${med(xs).toFixed(2).padStart(7)}`);
+for (const [k, xs] of Object.entries(res))
+  console.log(
+    `${k.padEnd(42)} ${Math.min(...xs)
+      .toFixed(2)
+      .padStart(7)} / ${med(xs).toFixed(2).padStart(7)}`,
+  );

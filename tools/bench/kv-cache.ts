@@ -41,8 +41,7 @@ const MODES: [string, () => KvCodec][] = [
   ...(UNFUSED && fusedLive ? QUANT_MODES.map(([n, f]): [string, () => KvCodec] => [`${n} unfused`, f]) : []),
 ];
 /** Which attention path a mode's decode step takes here. */
-const pathOf = (mode: string): string =>
-  mode === "bf16" ? "fast SDPA" : fusedLive && !mode.endsWith("unfused") ? `fused kernels (${backend})` : "unfused";
+const pathOf = (mode: string): string => (mode === "bf16" ? "fast SDPA" : fusedLive && !mode.endsWith("unfused") ? `fused kernels (${backend})` : "unfused");
 
 function rand(shape: number[], seed: number): MlxArray {
   using key = mx.random.key(seed);
@@ -125,7 +124,9 @@ for (const ctx of CONTEXTS) {
   for (const r of rows.filter((x) => x.context === ctx)) {
     const t = r.times;
     if (r.error) {
-      lines.push(`| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | failed: ${r.error.replaceAll("|", "/")} | — |`);
+      lines.push(
+        `| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | failed: ${r.error.replaceAll("|", "/")} | — |`,
+      );
       continue;
     }
     lines.push(

@@ -35,7 +35,10 @@ if (!dir) {
 const lm = loadModel(dir);
 const model = lm.model;
 // Sliding layers of the tiny models have head dim 32: quantize only full-attention layers there.
-const modeOf = (kv: string): { mode: KvMode; opts: { slidingMode?: KvMode } } => ({ mode: parseKvMode(kv), opts: kv === "bf16" ? {} : { slidingMode: { kind: "bf16" } } });
+const modeOf = (kv: string): { mode: KvMode; opts: { slidingMode?: KvMode } } => ({
+  mode: parseKvMode(kv),
+  opts: kv === "bf16" ? {} : { slidingMode: { kind: "bf16" } },
+});
 
 const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const ms = (t0: number): number => performance.now() - t0;
@@ -94,7 +97,14 @@ for (const kv of KVS) {
   for (const n of CONTEXTS) {
     const prompt = Array.from({ length: n }, (_, i) => 5 + ((i * 37) % 200));
     const file = join(work, `${kv.replace(/[^a-z0-9]/gi, "_")}-${n}.safetensors`);
-    const t = { prefill: [] as number[], save: [] as number[], restore: [] as number[], restoreNv: [] as number[], coldFirst: [] as number[], warmFirst: [] as number[] };
+    const t = {
+      prefill: [] as number[],
+      save: [] as number[],
+      restore: [] as number[],
+      restoreNv: [] as number[],
+      coldFirst: [] as number[],
+      warmFirst: [] as number[],
+    };
     let fileBytes = 0;
     let bpt = 0;
     let mapped = "";

@@ -65,7 +65,10 @@ async function ask(url: string, messages: Message[], maxTokens: number): Promise
     body: JSON.stringify({ model: "default_model", messages, max_tokens: maxTokens, temperature: 0 }),
   });
   if (!r.ok) throw new Error(`${url}: ${r.status} ${await r.text()}`);
-  const j = (await r.json()) as { choices: { message: { content: string | null } }[]; usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens?: number } } };
+  const j = (await r.json()) as {
+    choices: { message: { content: string | null } }[];
+    usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens?: number } };
+  };
   return { content: j.choices[0]!.message.content ?? "", promptTokens: j.usage.prompt_tokens, cachedTokens: j.usage.prompt_tokens_details?.cached_tokens ?? 0 };
 }
 
@@ -125,7 +128,9 @@ if (import.meta.main) {
     for (const [name, dir, n] of models) {
       console.error(`[multi-turn-cache] ${name}`);
       const { ours, theirs } = await compareSides(dir, { words: n, maxTokens });
-      console.log(`\n${name} (${maxTokens} tokens per answer)\n\n| request | prompt tokens (mlx-bun / mlx_lm) | cached_tokens mlx-bun | cached_tokens mlx_lm.server |\n| --- | --- | --- | --- |`);
+      console.log(
+        `\n${name} (${maxTokens} tokens per answer)\n\n| request | prompt tokens (mlx-bun / mlx_lm) | cached_tokens mlx-bun | cached_tokens mlx_lm.server |\n| --- | --- | --- | --- |`,
+      );
       ours.forEach((o, i) => console.log(`| ${o.label} | ${o.promptTokens} / ${theirs[i]!.promptTokens} | ${o.cachedTokens} | ${theirs[i]!.cachedTokens} |`));
     }
   } finally {

@@ -86,7 +86,18 @@ function stats(xs: number[]): { min: number; median: number; max: number } {
 }
 
 async function side(root: string): Promise<Figures> {
-  const args = ["tools/bench/pipeline.ts", "--once", "--model", O.model, "--tokens", String(O.tokens), "--streams", O.streams.join(","), "--stream-tokens", String(O.streamTokens)];
+  const args = [
+    "tools/bench/pipeline.ts",
+    "--once",
+    "--model",
+    O.model,
+    "--tokens",
+    String(O.tokens),
+    "--streams",
+    O.streams.join(","),
+    "--stream-tokens",
+    String(O.streamTokens),
+  ];
   const p = Bun.spawn([process.execPath, ...args], { cwd: root, stdout: "pipe", stderr: "inherit" });
   const text = await new Response(p.stdout).text();
   if ((await p.exited) !== 0) throw new Error(`pipeline bench in ${root} failed`);
@@ -119,6 +130,8 @@ if (argv.includes("--once")) {
   for (const k of Object.keys(a[0]!)) {
     const sa = stats(a.map((x) => x[k]!));
     const sb = stats(b.map((x) => x[k]!));
-    console.log(`| ${k} | ${f(sa.min)} / ${f(sa.median)} / ${f(sa.max)} | ${f(sb.min)} / ${f(sb.median)} / ${f(sb.max)} | ${(sa.median / sb.median).toFixed(3)} |`);
+    console.log(
+      `| ${k} | ${f(sa.min)} / ${f(sa.median)} / ${f(sa.max)} | ${f(sb.min)} / ${f(sb.median)} / ${f(sb.max)} | ${(sa.median / sb.median).toFixed(3)} |`,
+    );
   }
 }

@@ -62,7 +62,9 @@ async function main() {
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
   // --server-args "…": extra serve flags (e.g. "--write-timeout 10 --max-buffered-output 1M").
-  const extra = arg("--server-args", "").split(" ").filter((x) => x.length > 0);
+  const extra = arg("--server-args", "")
+    .split(" ")
+    .filter((x) => x.length > 0);
   const proc = Bun.spawn([process.execPath, CLI, "serve", "--model", model, "--host", "127.0.0.1", "--port", String(port), "--no-log", "--no-web", ...extra], {
     stdout: "ignore",
     stderr: "pipe",
@@ -80,14 +82,20 @@ async function main() {
       if (performance.now() - t0 > 180_000) throw new Error("the server did not start in 180 s");
       await Bun.sleep(200);
     }
-    const health = async () => (await (await fetch(`${url}/health`)).json()) as { active_requests: number; memory: { active_bytes: number; cache_bytes: number } };
+    const health = async () =>
+      (await (await fetch(`${url}/health`)).json()) as { active_requests: number; memory: { active_bytes: number; cache_bytes: number } };
     const waitIdle = async (ms: number) => {
       const t = performance.now();
       while (performance.now() - t < ms && (await health()).active_requests > 0) await Bun.sleep(50);
       return (await health()).active_requests;
     };
     const post = (path: string, body: unknown, signal?: AbortSignal) =>
-      fetch(`${url}${path}`, { method: "POST", headers: { "Content-Type": "application/json" }, body: typeof body === "string" ? body : JSON.stringify(body), signal: signal ?? AbortSignal.timeout(120_000) });
+      fetch(`${url}${path}`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: typeof body === "string" ? body : JSON.stringify(body),
+        signal: signal ?? AbortSignal.timeout(120_000),
+      });
     const prompts = ["Tell me a story", "What is 2+2?", "Write a haiku about the sea", "List three colors", "hello"];
     const messages = (i: number) => [{ role: "user", content: `${prompts[i % prompts.length]} (${i})` }];
 
@@ -123,7 +131,15 @@ async function main() {
             res = await post("/v1/completions", { prompt: prompts[i % prompts.length], max_tokens: MAX_TOKENS, stream: true, temperature: 0.8, seed: i });
             break;
           case 4:
-            res = await post("/v1/chat/completions", { messages: messages(i), max_tokens: MAX_TOKENS, n: 2, temperature: 0.7, top_p: 0, repetition_penalty: 1.1, repetition_context_size: 0 });
+            res = await post("/v1/chat/completions", {
+              messages: messages(i),
+              max_tokens: MAX_TOKENS,
+              n: 2,
+              temperature: 0.7,
+              top_p: 0,
+              repetition_penalty: 1.1,
+              repetition_context_size: 0,
+            });
             break;
           case 5: {
             // A client that hangs up after the first chunk.
@@ -182,7 +198,16 @@ async function main() {
     // ---- phase 2: clients that stop reading ---------------------------------------------------
     const eos = { "1": -100, "6": -100, "14": -100 };
     // Four choices with 20 alternatives per token: more output than the socket buffers hold.
-    const body = JSON.stringify({ prompt: "Tell me a long story", max_tokens: 100_000, n: STALLED_N, stream: true, top_logprobs: 20, temperature: 1, seed: 1, logit_bias: eos });
+    const body = JSON.stringify({
+      prompt: "Tell me a long story",
+      max_tokens: 100_000,
+      n: STALLED_N,
+      stream: true,
+      top_logprobs: 20,
+      temperature: 1,
+      seed: 1,
+      logit_bias: eos,
+    });
     const req = `POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`;
     const socks: { closedAt: number | null; sock: net.Socket }[] = [];
     const t2 = performance.now();
@@ -203,7 +228,10 @@ async function main() {
       peakRss = Math.max(peakRss, rssBytes(proc.pid));
       const h = await health();
       peakActive = Math.max(peakActive, h.active_requests);
-      if (TRACE) console.log(`  t=${((performance.now() - t2) / 1000).toFixed(1)}s rss=${MB(rssBytes(proc.pid))} mlx active=${MB(h.memory.active_bytes)} cache=${MB(h.memory.cache_bytes)} requests=${h.active_requests} open=${socks.filter((x) => x.closedAt === null).length}`);
+      if (TRACE)
+        console.log(
+          `  t=${((performance.now() - t2) / 1000).toFixed(1)}s rss=${MB(rssBytes(proc.pid))} mlx active=${MB(h.memory.active_bytes)} cache=${MB(h.memory.cache_bytes)} requests=${h.active_requests} open=${socks.filter((x) => x.closedAt === null).length}`,
+        );
       if (h.active_requests === 0 && socks.every((s) => s.closedAt !== null)) break;
     }
     const stalledOpen = socks.filter((s) => s.closedAt === null).length;
@@ -242,7 +270,9 @@ async function main() {
       for (const x of samples) console.log(`  ${x}`);
       console.log(`latency: p50 ${report.latency_ms.p50} ms, p99 ${report.latency_ms.p99} ms`);
       console.log(`memory: RSS ${MB(before.rss)} -> ${MB(afterSoak.rss)} after the soak; MLX active ${MB(before.mlx)} -> ${MB(afterSoak.mlx)}`);
-      console.log(`stalled readers: ${STALLED} (peak ${peakActive} active), peak RSS ${MB(peakRss)}, ${stalledOpen} still open, all closed within ${report.stalled.closed_within_s} s; after: RSS ${MB(after.rss)}, MLX active ${MB(after.mlx)}, ${activeAfterStall} active`);
+      console.log(
+        `stalled readers: ${STALLED} (peak ${peakActive} active), peak RSS ${MB(peakRss)}, ${stalledOpen} still open, all closed within ${report.stalled.closed_within_s} s; after: RSS ${MB(after.rss)}, MLX active ${MB(after.mlx)}, ${activeAfterStall} active`,
+      );
     }
     return report;
   } finally {

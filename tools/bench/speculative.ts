@@ -69,7 +69,10 @@ if (!existsSync(join(O.draft, "config.json"))) {
     console.error(`speculative bench: no draft model at ${O.draft}`);
     process.exit(2);
   }
-  const p = Bun.spawnSync([O.python, join(ROOT, "tools", "bench", "make_draft_model.py"), "--target", O.target, "--layers", String(draftLayers), "--out", O.draft], { stderr: "inherit" });
+  const p = Bun.spawnSync(
+    [O.python, join(ROOT, "tools", "bench", "make_draft_model.py"), "--target", O.target, "--layers", String(draftLayers), "--out", O.draft],
+    { stderr: "inherit" },
+  );
   if (p.exitCode !== 0) process.exit(2);
 }
 
@@ -125,7 +128,10 @@ async function ours(gen: { generate(r: { promptIds: number[]; maxTokens: number 
   };
 }
 async function theirs(twin: Twin, prompt: number[], n: number, k: number): Promise<Run> {
-  const r = await twin.call<{ ttft_s: number; decode_s: number; tokens: number[]; from_draft?: boolean[] }>(k ? "spec_decode" : "decode", k ? { prompt, n, k } : { prompt, n });
+  const r = await twin.call<{ ttft_s: number; decode_s: number; tokens: number[]; from_draft?: boolean[] }>(
+    k ? "spec_decode" : "decode",
+    k ? { prompt, n, k } : { prompt, n },
+  );
   return {
     tokens: r.tokens,
     decodeTps: (r.tokens.length - 1) / r.decode_s,
@@ -193,7 +199,12 @@ for (const k of O.ks) {
   add(`speed-up, speculative k=${k} / plain`, "×", (s) => get(s, k).map((x, i) => x.decodeTps / get(s, 0)[i]!.decodeTps));
   add(`end to end (prompt + ${O.decodeTokens} tokens), speculative k=${k} / plain`, "×", (s) => get(s, k).map((x, i) => x.e2eTps / get(s, 0)[i]!.e2eTps));
   add(`emitted tokens taken from the draft, k=${k}`, "%", (s) => get(s, k).map((x) => (100 * x.fromDraft) / x.tokens.length));
-  rows.push({ figure: `acceptance rate (accepted / drafted), k=${k}`, unit: "%", ours: stat(get("ours", k).map((x) => (100 * x.fromDraft) / x.drafted!)), theirs: null });
+  rows.push({
+    figure: `acceptance rate (accepted / drafted), k=${k}`,
+    unit: "%",
+    ours: stat(get("ours", k).map((x) => (100 * x.fromDraft) / x.drafted!)),
+    theirs: null,
+  });
 }
 const report = {
   date: new Date().toISOString(),
@@ -216,7 +227,10 @@ const lines = [
   "",
   "| figure | mlx-bun median (min–max) | mlx-lm median (min–max) | mlx-bun / mlx-lm |",
   "| --- | --- | --- | --- |",
-  ...rows.map((r) => `| ${r.figure} | ${s3(r.ours)} ${r.unit} | ${s3(r.theirs)}${r.theirs ? ` ${r.unit}` : ""} | ${r.ours && r.theirs ? `×${(r.ours.median / r.theirs.median).toFixed(2)}` : "—"} |`),
+  ...rows.map(
+    (r) =>
+      `| ${r.figure} | ${s3(r.ours)} ${r.unit} | ${s3(r.theirs)}${r.theirs ? ` ${r.unit}` : ""} | ${r.ours && r.theirs ? `×${(r.ours.median / r.theirs.median).toFixed(2)}` : "—"} |`,
+  ),
   "",
 ];
 const md = lines.join("\n");

@@ -14,7 +14,15 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
 import type { Gemma4Tokenizer } from "@mlx-bun/models";
-import { Engine, type GenerateRequest, type GenerationStream, grammarProcessor, type LogitsProcessor, Scheduler, StructuredOutputCompiler } from "@mlx-bun/runtime";
+import {
+  Engine,
+  type GenerateRequest,
+  type GenerationStream,
+  grammarProcessor,
+  type LogitsProcessor,
+  Scheduler,
+  StructuredOutputCompiler,
+} from "@mlx-bun/runtime";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const argv = process.argv.slice(2);
@@ -36,7 +44,12 @@ const SCHEMA = {
       type: "array",
       items: {
         type: "object",
-        properties: { id: { type: "integer", minimum: 0, maximum: 9999 }, name: { type: "string", maxLength: 12 }, tags: { type: "array", items: { enum: ["a", "b", "c"] }, maxItems: 2 }, ok: { type: "boolean" } },
+        properties: {
+          id: { type: "integer", minimum: 0, maximum: 9999 },
+          name: { type: "string", maxLength: 12 },
+          tags: { type: "array", items: { enum: ["a", "b", "c"] }, maxItems: 2 },
+          ok: { type: "boolean" },
+        },
         required: ["id", "name", "ok"],
       },
       minItems: 64,
@@ -150,7 +163,7 @@ async function main(): Promise<void> {
 async function syntheticVocab() {
   const V = 262144;
   let seed = 12345;
-  const rnd = () => (seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32;
+  const rnd = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32;
   const chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789{}[]:,\"'.-_!?()\u2581\u2581\u2581\u2581éüñ中文の";
   const vocab: Record<string, number> = {};
   const added = [
@@ -166,7 +179,11 @@ async function syntheticVocab() {
     for (let k = 0; k < n; k++) t += chars[Math.floor(rnd() * chars.length)];
     if (vocab[t] === undefined) vocab[t] = id++;
   }
-  const tokenizerJson = { model: { type: "BPE", vocab, byte_fallback: true }, added_tokens: added, decoder: { type: "Sequence", decoders: [{ type: "Replace" }, { type: "ByteFallback" }, { type: "Fuse" }] } };
+  const tokenizerJson = {
+    model: { type: "BPE", vocab, byte_fallback: true },
+    added_tokens: added,
+    decoder: { type: "Sequence", decoders: [{ type: "Replace" }, { type: "ByteFallback" }, { type: "Fuse" }] },
+  };
   const fake = { tokenizerJson, eosTokenIds: new Set([1]) } as unknown as Gemma4Tokenizer;
   let t0 = performance.now();
   const p = await grammarProcessor(fake, { type: "json_schema", schema: SCHEMA }, { promptTokens: 1 });

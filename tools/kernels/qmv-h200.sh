@@ -2,9 +2,10 @@
 # The quantized matvec kernel and the decode profile on the H200, run as the THEN step of
 # tools/bench/device/run-h200.sh (which unpacks MLX's CUDA build, Bun and libmlxb.so, exports
 # LD_LIBRARY_PATH, MLX_BUN_NATIVE, MLX_BUN_PYTHON, MLX_PTX_CACHE_DIR and writes the 1B model):
-#   NO_COMPARE=1 THEN='STEPS="check bench ncu12b ncu1b host" bash tools/kernels/qmv-h200.sh' DEADLINE=560 bash tools/bench/device/run-h200.sh
-# Steps (STEPS; each is skipped when less than its budget is left before DEADLINE, counted from
-# the start of run-h200.sh through SECONDS):
+#   NO_COMPARE=1 THEN='DEADLINE=515 STEPS="check bench ncu12b ncu1b host" bash tools/kernels/qmv-h200.sh' bash tools/bench/device/run-h200.sh
+# (docs/benchmarks.md, "GPU decode at the memory bandwidth", has the runs made with it)
+# Steps (STEPS; each is skipped when less than its budget is left before DEADLINE, in seconds
+# from this script's own start: run-h200.sh spends ~30 s before it):
 #   check    check_cuda_kernels.py --only mlxb_qmv (NVRTC + every case against the reference)
 #   bench    tools/kernels/bench_qmv.py [--sweep with SWEEP=1]: µs and GB/s per shape, ours vs MLX
 #   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)

@@ -30,7 +30,8 @@ export function runPython(args: string[], opts: { cwd?: string; env?: Record<str
 export async function runPythonAsync(args: string[], opts: { cwd?: string; env?: Record<string, string> } = {}): Promise<string> {
   const p = Bun.spawn([oraclePython(), ...args], { cwd: opts.cwd ?? ROOT, env: { ...process.env, ...opts.env }, stdout: "pipe", stderr: "pipe" });
   const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
-  if (code !== 0) throw new Error(`python ${args.join(" ")} failed (${code}):
+  if (code !== 0)
+    throw new Error(`python ${args.join(" ")} failed (${code}):
 ${err}`);
   return out;
 }

@@ -86,8 +86,21 @@ function downloadedTree(wheel: string, version: string): WheelTree {
   let file = readdirSync(dir).find((f) => f.startsWith(prefix) && f.endsWith(".whl"));
   if (!file) {
     say(`pip download --no-deps ${wheel}==${version}`);
-    sh([venvPython, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:",
-      "--platform", "manylinux_2_35_x86_64", "-d", dir, `${wheel}==${version}`]);
+    sh([
+      venvPython,
+      "-m",
+      "pip",
+      "download",
+      "-q",
+      "--disable-pip-version-check",
+      "--no-deps",
+      "--only-binary=:all:",
+      "--platform",
+      "manylinux_2_35_x86_64",
+      "-d",
+      dir,
+      `${wheel}==${version}`,
+    ]);
     file = readdirSync(dir).find((f) => f.startsWith(prefix) && f.endsWith(".whl"));
     if (!file) throw new Error(`pip download gave no ${prefix}*.whl`);
   }
@@ -106,7 +119,8 @@ function buildPrebuilt(cmakeDir: string, ext: string): string {
   // shared with the set-up's libmlxb), else a tree of its own.
   const setupBuild = join(nativeSrc, "build");
   const cache = existsSync(join(setupBuild, "CMakeCache.txt")) ? readFileSync(join(setupBuild, "CMakeCache.txt"), "utf8") : "";
-  const build = cache.includes(`MLX_DIR:PATH=${cmakeDir}\n`) || cache.includes(`MLX_DIR:UNINITIALIZED=${cmakeDir}\n`) ? setupBuild : join(nativeSrc, "build-prebuilt");
+  const build =
+    cache.includes(`MLX_DIR:PATH=${cmakeDir}\n`) || cache.includes(`MLX_DIR:UNINITIALIZED=${cmakeDir}\n`) ? setupBuild : join(nativeSrc, "build-prebuilt");
   if (build !== setupBuild || !cache) sh(["cmake", "-S", nativeSrc, "-B", build, "-DCMAKE_BUILD_TYPE=Release", `-DMLX_DIR=${cmakeDir}`]);
   else sh(["cmake", "-S", nativeSrc, "-B", build]); // picks up a CMakeLists.txt that predates mlxb_prebuilt
   say(`cmake --build ${relative(root, build)} --target mlxb_prebuilt`);
@@ -144,8 +158,15 @@ function checkAbiAgainst(libmlxb: string, libmlx: string, cudaInclude: string, c
   const cpu = list(cpuInclude);
   const differ = cpu.filter((f) => !existsSync(join(cudaInclude, f)) || sha256(join(cudaInclude, f)) !== sha256(join(cpuInclude, f)));
   if (differ.length) throw new Error(`MLX headers differ between the CPU and CUDA wheels: ${differ.slice(0, 5).join(", ")}`);
-  const undef = sh(["nm", "-D", "--undefined-only", libmlxb]).split("\n").map((l) => l.trim().split(/\s+/).at(-1)!).filter((s) => s?.includes("mlx"));
-  const defined = new Set(sh(["nm", "-D", "--defined-only", libmlx]).split("\n").map((l) => l.trim().split(/\s+/).at(-1)));
+  const undef = sh(["nm", "-D", "--undefined-only", libmlxb])
+    .split("\n")
+    .map((l) => l.trim().split(/\s+/).at(-1)!)
+    .filter((s) => s?.includes("mlx"));
+  const defined = new Set(
+    sh(["nm", "-D", "--defined-only", libmlx])
+      .split("\n")
+      .map((l) => l.trim().split(/\s+/).at(-1)),
+  );
   const missing = undef.filter((s) => !defined.has(s));
   if (missing.length) throw new Error(`${basename(libmlx)} lacks ${missing.length} symbols libmlxb needs, e.g. ${missing[0]}`);
   return `headers identical (${cpu.length} files), ${undef.length} MLX symbols of libmlxb all exported by the CUDA libmlx.so`;
@@ -205,7 +226,8 @@ export function buildNativePackage(targetName: string, out: string): BuildResult
   for (const f of tree.files.filter(wanted)) copy(join(tree.site, f), f);
   for (const f of readdirSync(join(tree.distInfo), { recursive: true, withFileTypes: true })) {
     const rel = relative(tree.distInfo, join(f.parentPath, f.name));
-    if (f.isFile() && (rel.startsWith("licenses/") || rel.startsWith("sboms/"))) copy(join(f.parentPath, f.name), join("licenses", basename(rel) === "LICENSE" ? "MLX-LICENSE" : basename(rel)));
+    if (f.isFile() && (rel.startsWith("licenses/") || rel.startsWith("sboms/")))
+      copy(join(f.parentPath, f.name), join("licenses", basename(rel) === "LICENSE" ? "MLX-LICENSE" : basename(rel)));
   }
   const libmlx = join(out, "mlx/lib", `libmlx.${t.ext}`);
   if (!existsSync(libmlx)) throw new Error(`the ${t.wheel} wheel has no mlx/lib/libmlx.${t.ext}`);

@@ -78,7 +78,12 @@ function must(cmd: string[], o: Parameters<typeof run>[1] = {}, what = cmd.join(
   if (r.code !== 0) throw new Error(`${what} failed (exit ${r.code}):\n${r.out.slice(-3000)}\n${r.err.slice(-3000)}`);
   return r;
 }
-const indent = (s: string, n = 4) => s.trimEnd().split("\n").map((l) => " ".repeat(n) + l).join("\n");
+const indent = (s: string, n = 4) =>
+  s
+    .trimEnd()
+    .split("\n")
+    .map((l) => " ".repeat(n) + l)
+    .join("\n");
 
 const work = mkdtempSync(join(tmpdir(), "mlx-bun-release-"));
 const copy = join(work, "repo");
@@ -118,7 +123,9 @@ async function main() {
   say(`${files.length} files copied in ${secs(t)}s`);
   // Prebuilt native packages: what this machine can build.
   const host = `${process.platform}-${process.arch}`;
-  const buildable = Object.keys(TARGETS).filter((k) => (k === host || (flag("--cuda") && k === `${host}-cuda13`)) && existsSync(join(copy, "packages", `native-${k}`)));
+  const buildable = Object.keys(TARGETS).filter(
+    (k) => (k === host || (flag("--cuda") && k === `${host}-cuda13`)) && existsSync(join(copy, "packages", `native-${k}`)),
+  );
   const nativeSizes: Record<string, number> = {};
   for (const target of buildable) {
     t = performance.now();
@@ -130,15 +137,16 @@ async function main() {
 
   // ── 3. version
   step("3. changeset version");
-  const versionsOf = () =>
-    Object.fromEntries(pkgDirs.map((d) => readJson(join(copy, d, "package.json"))).map((p) => [p.name as string, p.version as string]));
+  const versionsOf = () => Object.fromEntries(pkgDirs.map((d) => readJson(join(copy, d, "package.json"))).map((p) => [p.name as string, p.version as string]));
   const before = versionsOf();
   const known = new Set(Object.keys(before));
   for (const f of readdirSync(join(copy, ".changeset")).filter((f) => f.endsWith(".md") && f !== "README.md")) {
     const front = /^---\n([\s\S]*?)\n---/.exec(readFileSync(join(copy, ".changeset", f), "utf8"))?.[1] ?? "";
     for (const m of front.matchAll(/^["']?([^"':]+)["']?\s*:/gm)) {
       if (!known.has(m[1]!)) {
-        throw new Error(`.changeset/${f} names ${m[1]}, which is no workspace package${m[1] === "@mlx-bun/mlx-bun" ? " (the app is published as `mlx-bun` now)" : ""}`);
+        throw new Error(
+          `.changeset/${f} names ${m[1]}, which is no workspace package${m[1] === "@mlx-bun/mlx-bun" ? " (the app is published as `mlx-bun` now)" : ""}`,
+        );
       }
     }
   }
@@ -182,13 +190,17 @@ async function main() {
     packed.push(p);
     const problems = checkTarball(p);
     packBad += problems.length;
-    console.log(`  ${p.name}@${p.version}: ${p.files.length} files, ${mb(p.packedBytes)} packed, ${mb(p.unpackedBytes)} unpacked${changes.length ? ` (publish manifest: ${changes.join("; ")})` : ""}`);
+    console.log(
+      `  ${p.name}@${p.version}: ${p.files.length} files, ${mb(p.packedBytes)} packed, ${mb(p.unpackedBytes)} unpacked${changes.length ? ` (publish manifest: ${changes.join("; ")})` : ""}`,
+    );
     console.log(listing(p, 12));
     for (const x of problems) fail(`${p.name}: ${x}`);
   }
   say(`${packed.length} tarballs in ${secs(t)}s`);
   if (packBad === 0) ok("tarballs: no tests or fixtures, every exports/main/types/bin target packed, types present, no workspace: ranges");
-  metrics.packages = Object.fromEntries(packed.map((p) => [p.name, { version: p.version, files: p.files.length, packed: p.packedBytes, unpacked: p.unpackedBytes }]));
+  metrics.packages = Object.fromEntries(
+    packed.map((p) => [p.name, { version: p.version, files: p.files.length, packed: p.packedBytes, unpacked: p.unpackedBytes }]),
+  );
   if (packBad) throw new Error(`${packBad} problems in the tarballs`);
 
   // ── 5. publish
@@ -216,7 +228,15 @@ async function main() {
   }
   writeJson(join(packDir, "publish-plan.json"), plan);
   const pub = run([bun, cs, "publish", "--from-pack-dir", packDir, "--no-git-tag"], { cwd: copy, env: pubEnv, timeoutMs: 600_000 });
-  console.log(indent((pub.out + pub.err).replace(/\x1b\[[0-9;]*m/g, "").split("\n").filter((l) => /published|@|error|fail/i.test(l)).join("\n")));
+  console.log(
+    indent(
+      (pub.out + pub.err)
+        .replace(/\x1b\[[0-9;]*m/g, "")
+        .split("\n")
+        .filter((l) => /published|@|error|fail/i.test(l))
+        .join("\n"),
+    ),
+  );
   if (pub.code !== 0) throw new Error(`changeset publish failed (exit ${pub.code})`);
   const published: string[] = [];
   for (const p of packed) {
@@ -252,7 +272,14 @@ async function main() {
   const add = run([bun, "add", "@mlx-bun/runtime", "@mlx-bun/kv-cache", "@mlx-bun/tiny-model"], { cwd: consumer, env: cleanEnv() });
   const installSeconds = Number(secs(t));
   if (add.code !== 0) throw new Error(`bun add failed:\n${add.out}\n${add.err}`);
-  console.log(indent(add.out.split("\n").filter((l) => /installed|^\s*\+/.test(l)).join("\n")));
+  console.log(
+    indent(
+      add.out
+        .split("\n")
+        .filter((l) => /installed|^\s*\+/.test(l))
+        .join("\n"),
+    ),
+  );
   ok(`bun add @mlx-bun/runtime @mlx-bun/kv-cache @mlx-bun/tiny-model: ${installSeconds}s (empty Bun cache, registry proxying npmjs for third-party packages)`);
   const nm = join(consumer, "node_modules");
   metrics.consumerInstallSeconds = installSeconds;
@@ -284,14 +311,20 @@ console.log(JSON.stringify({ v, libmlxb: resolveLibraryPath(), libmlx }));\n`,
     const w = JSON.parse(wn.out.trim().split("\n").at(-1)!) as { v: string; libmlxb: string; libmlx: string[] };
     const inside = (p: string) => p.startsWith(nm) && p.includes(`native-${host}`);
     if (inside(w.libmlxb) && w.libmlx.length > 0 && w.libmlx.every(inside)) {
-      ok(`native library from the prebuilt package, no compiler: libmlxb ${relative(consumer, w.libmlxb)}, libmlx ${relative(consumer, w.libmlx[0]!)} (MLX ${w.v})`);
+      ok(
+        `native library from the prebuilt package, no compiler: libmlxb ${relative(consumer, w.libmlxb)}, libmlx ${relative(consumer, w.libmlx[0]!)} (MLX ${w.v})`,
+      );
     } else fail(`native library not from the prebuilt package: ${wn.out}`);
   }
 
   // exports under Bun, and under TypeScript's node16 and bundler resolution.
   const names = packed.map((p) => p.name).filter((n) => n.startsWith("@mlx-bun/") && !n.startsWith("@mlx-bun/native-"));
   t = performance.now();
-  must([bun, "add", "@mlx-bun/mlx-ffi", "@mlx-bun/mlx-ops", "@mlx-bun/models", "-d", `@types/bun@${pins.bun}`], { cwd: consumer, env: cleanEnv() }, "bun add (type check deps)");
+  must(
+    [bun, "add", "@mlx-bun/mlx-ffi", "@mlx-bun/mlx-ops", "@mlx-bun/models", "-d", `@types/bun@${pins.bun}`],
+    { cwd: consumer, env: cleanEnv() },
+    "bun add (type check deps)",
+  );
   say(`bun add @mlx-bun/mlx-ffi @mlx-bun/mlx-ops @mlx-bun/models -d @types/bun: ${secs(t)}s`);
   writeFileSync(
     join(consumer, "resolve.ts"),
@@ -320,7 +353,10 @@ export const used = [Scheduler, KVCache, MlxArray, mx, loadModel, tinyModelDir.l
 `,
   );
   const tsc = join(root, "node_modules/typescript/bin/tsc");
-  const modes = [["node16", "node16"], ["bundler", "esnext"]] as const;
+  const modes = [
+    ["node16", "node16"],
+    ["bundler", "esnext"],
+  ] as const;
   for (const [mode, module] of modes) {
     writeJson(join(consumer, `tsconfig.${mode}.json`), {
       compilerOptions: {
@@ -352,13 +388,20 @@ export const used = [Scheduler, KVCache, MlxArray, mx, loadModel, tinyModelDir.l
     const ours = errs.filter((l) => l.startsWith("types.ts") || l.includes("node_modules/@mlx-bun/") || l.includes("node_modules/mlx-bun/"));
     const theirs = [...new Set(errs.filter((l) => !ours.includes(l)).map((l) => l.split("(")[0]))];
     if (ours.length === 0 && (r.code === 0 || theirs.length > 0)) {
-      ok(`TypeScript moduleResolution ${mode} (${secs(t)}s): the packages' types resolve and check (skipLibCheck off)${theirs.length ? `; third-party declarations with errors of their own: ${theirs.join(", ")}` : ""}`);
+      ok(
+        `TypeScript moduleResolution ${mode} (${secs(t)}s): the packages' types resolve and check (skipLibCheck off)${theirs.length ? `; third-party declarations with errors of their own: ${theirs.join(", ")}` : ""}`,
+      );
       if (theirs.length) (metrics.typescriptThirdParty ??= {} as Json)[mode] = theirs;
     } else fail(`TypeScript moduleResolution ${mode}:\n${indent((ours.length ? ours : errs).join("\n").slice(0, 3000) || r.out + r.err)}`);
   }
 
   // No prebuilt: the loader's message, and the source build's message without a toolchain.
-  const nativeLib = JSON.parse(run([bun, "-e", `import { prebuiltCandidates } from "@mlx-bun/mlx-ffi"; console.log(JSON.stringify(prebuiltCandidates()))`], { cwd: consumer, env: cleanEnv() }).out.trim() || "[]") as string[];
+  const nativeLib = JSON.parse(
+    run([bun, "-e", `import { prebuiltCandidates } from "@mlx-bun/mlx-ffi"; console.log(JSON.stringify(prebuiltCandidates()))`], {
+      cwd: consumer,
+      env: cleanEnv(),
+    }).out.trim() || "[]",
+  ) as string[];
   const nativeDir = nativeLib[0] ? dirname(nativeLib[0]) : undefined;
   if (nativeDir) {
     renameSync(nativeDir, `${nativeDir}.hidden`);
@@ -368,7 +411,9 @@ export const used = [Scheduler, KVCache, MlxArray, mx, loadModel, tinyModelDir.l
       if (nl.code !== 0 && /build it from source/.test(msg)) ok(`without the prebuilt: ${msg.replace(/\(looked in: [^)]*\)/, "(looked in: …)")}`);
       else fail(`without the prebuilt the loader said: ${nl.err.slice(-600)}`);
       // The command the loader's message names: <mlx-ffi>/dist/build-native.js.
-      const ffiIndex = JSON.parse(run([bun, "-e", `console.log(JSON.stringify(require.resolve("@mlx-bun/mlx-ffi")))`], { cwd: consumer, env: cleanEnv() }).out.trim()) as string;
+      const ffiIndex = JSON.parse(
+        run([bun, "-e", `console.log(JSON.stringify(require.resolve("@mlx-bun/mlx-ffi")))`], { cwd: consumer, env: cleanEnv() }).out.trim(),
+      ) as string;
       const nb = run([bun, join(dirname(ffiIndex), "build-native.js")], { cwd: consumer, env: cleanEnv() });
       if (nb.code !== 0 && /Missing:/.test(nb.err)) ok(`source build with no toolchain on PATH:\n${indent(nb.err)}`);
       else fail(`the source build without a toolchain said (exit ${nb.code}): ${nb.err.slice(-600)}`);
@@ -401,7 +446,11 @@ export const used = [Scheduler, KVCache, MlxArray, mx, loadModel, tinyModelDir.l
     say(`    model ${got.model}, prompt ${got.prompt_ids.length} tokens`);
     say(`    in-repo  ids ${JSON.stringify(refJson.generated_ids)}`);
     say(`    registry ids ${JSON.stringify(got.generated_ids)}`);
-    if (JSON.stringify(got.generated_ids) === JSON.stringify(refJson.generated_ids) && JSON.stringify(got.prompt_ids) === JSON.stringify(refJson.prompt_ids) && got.text === refJson.text) {
+    if (
+      JSON.stringify(got.generated_ids) === JSON.stringify(refJson.generated_ids) &&
+      JSON.stringify(got.prompt_ids) === JSON.stringify(refJson.prompt_ids) &&
+      got.text === refJson.text
+    ) {
       ok(`generate: ${got.generated_ids.length} generated token ids equal (prompt ids and text too)`);
     } else fail("generate: tokens differ between bunx mlx-bun and the in-repo CLI");
   }
@@ -425,7 +474,9 @@ export const used = [Scheduler, KVCache, MlxArray, mx, loadModel, tinyModelDir.l
     }
     const web = await fetch(`${url}/`);
     const page = web.ok && (web.headers.get("content-type") ?? "").includes("text/html");
-    const r = (await (await fetch(`${url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(request) })).json()) as Json;
+    const r = (await (
+      await fetch(`${url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(request) })
+    ).json()) as Json;
     proc.kill();
     await proc.exited;
     return { r, page };

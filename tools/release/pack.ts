@@ -142,7 +142,12 @@ export function checkTarball(p: Packed): string[] {
   // Types for every JavaScript entry point of a library.
   const dot = (m.exports as Json | undefined)?.["."];
   if (dot !== undefined || m.main) {
-    const typeTargets = [...targets(dot).filter(([k]) => k.endsWith("types")).map(([, t]) => t), ...(typeof m.types === "string" ? [m.types] : [])];
+    const typeTargets = [
+      ...targets(dot)
+        .filter(([k]) => k.endsWith("types"))
+        .map(([, t]) => t),
+      ...(typeof m.types === "string" ? [m.types] : []),
+    ];
     if (typeTargets.length === 0) problems.push(`no types for the package's entry point`);
     for (const t of typeTargets) if (!/\.d\.[cm]?ts$/.test(t)) problems.push(`types → ${t} is not a .d.ts`);
   }

@@ -92,7 +92,9 @@ export async function startRegistry(dir: string, log: (s: string) => void = () =
     }
     if (proc.exitCode !== null || Date.now() > deadline) {
       proc.kill();
-      throw new Error(`verdaccio did not start on ${url}:\n${existsSync(join(dir, "verdaccio.log")) ? readFileSync(join(dir, "verdaccio.log"), "utf8").slice(-2000) : ""}`);
+      throw new Error(
+        `verdaccio did not start on ${url}:\n${existsSync(join(dir, "verdaccio.log")) ? readFileSync(join(dir, "verdaccio.log"), "utf8").slice(-2000) : ""}`,
+      );
     }
     await Bun.sleep(100);
   }

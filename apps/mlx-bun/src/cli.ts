@@ -72,7 +72,13 @@ const collect = (v: string, prev: string[] = []) => [...prev, v];
 /** Variadic options (argparse nargs="+"): values given across repeats are kept together. */
 const collectMany = (v: string, prev: string[] | undefined) => [...(prev ?? []), v];
 
-addDraftOptions(addKvQuantOptions(addSamplingOptions(addModelOptions(program.command("generate").description("generate text for one prompt (mlx_lm.generate)")), 100, { shortMaxTokens: true })))
+addDraftOptions(
+  addKvQuantOptions(
+    addSamplingOptions(addModelOptions(program.command("generate").description("generate text for one prompt (mlx_lm.generate)")), 100, {
+      shortMaxTokens: true,
+    }),
+  ),
+)
   .option("-p, --prompt <text>", 'the prompt ("-" reads stdin)', "hello")
   .option("--system-prompt <text>", "system message for the chat template")
   .option("--prefill-response <text>", "start of the assistant's reply, continued by the model (chat template)")
@@ -89,14 +95,25 @@ addDraftOptions(addKvQuantOptions(addSamplingOptions(addModelOptions(program.com
   .option("--json", "print one JSON line: {prompt, prompt_ids, generated_ids, text, timings}")
   .action((o) => exitWith(import("./commands/generate.ts").then((m) => m.runGenerate(o))));
 
-addPipelineOption(addSamplingOptions(addModelOptions(program.command("chat").description("interactive chat in the terminal (mlx_lm.chat)")), 256, { shortMaxTokens: true, seed: 0 }))
+addPipelineOption(
+  addSamplingOptions(addModelOptions(program.command("chat").description("interactive chat in the terminal (mlx_lm.chat)")), 256, {
+    shortMaxTokens: true,
+    seed: 0,
+  }),
+)
   .option("--system-prompt <text>", "system message")
   .option("--chat-template-config <json>", "extra apply_chat_template arguments, a JSON object", jsonObjectArg("--chat-template-config"))
   .option("--prompt-cache-file <file>", "start from the KV caches of this file: the start of the first message (as mlx_lm.generate reads it)")
   .option("-v, --verbose", "print token counts and speed after each reply")
   .action((o) => exitWith(import("./commands/chat.ts").then((m) => m.runChat(o))));
 
-addLogLevelOption(addPipelineOption(addDraftOptions(addKvQuantOptions(addSamplingOptions(addModelOptions(program.command("serve").description("OpenAI-compatible HTTP server (mlx_lm.server)")), 512)))))
+addLogLevelOption(
+  addPipelineOption(
+    addDraftOptions(
+      addKvQuantOptions(addSamplingOptions(addModelOptions(program.command("serve").description("OpenAI-compatible HTTP server (mlx_lm.server)")), 512)),
+    ),
+  ),
+)
   .option("--host <host>", "address to listen on", "127.0.0.1")
   .option("--port <port>", "port to listen on (0 = any free port)", intArg("--port", 0), 8080)
   .addOption(new Option("--api-key <key>", "require 'Authorization: Bearer <key>'").env("MLX_BUN_API_KEY"))
@@ -109,12 +126,32 @@ addLogLevelOption(addPipelineOption(addDraftOptions(addKvQuantOptions(addSamplin
   .option("--prompt-cache-file <file>", "put this file's caches (mlx-bun cache-prompt) into the prompt cache at start")
   .option("--prompt-cache-dir <dir>", "restore the prompt cache from this folder at start, save it there at shutdown (SIGINT/SIGTERM)")
   .option("--max-body-size <bytes>", "largest request body", intArg("--max-body-size", 1), 16 * 1024 * 1024)
-  .option("--allowed-origins <list>", "web origins whose pages may call the API (CORS), comma separated; * = any (default: none but the server's own page)", (v: string) => v.split(","), [])
-  .option("--allowed-hosts <list>", "Host names accepted besides localhost, 127.0.0.1, [::1] and --host (DNS-rebinding check of a keyless loopback server); * = no check", (v: string) => v.split(","), [])
+  .option(
+    "--allowed-origins <list>",
+    "web origins whose pages may call the API (CORS), comma separated; * = any (default: none but the server's own page)",
+    (v: string) => v.split(","),
+    [],
+  )
+  .option(
+    "--allowed-hosts <list>",
+    "Host names accepted besides localhost, 127.0.0.1, [::1] and --host (DNS-rebinding check of a keyless loopback server); * = no check",
+    (v: string) => v.split(","),
+    [],
+  )
   .option("--idle-timeout <s>", "close a connection silent for this long (keep-alive, a stalled body); 1..255", floatArg("--idle-timeout", 1, 255), 30)
   .option("--body-timeout <s>", "time to receive a whole request body (408 beyond it)", floatArg("--body-timeout", 0.001), 60)
-  .option("--write-timeout <s>", "cancel a streamed request, and close its connection, when the client has not read for this long", floatArg("--write-timeout", 0.001), 30)
-  .option("--max-buffered-output <bytes>", "streamed output a response may hold unread before the request is cancelled (e.g. 4194304, 4M)", sizeArg("--max-buffered-output"), 4 * 1024 * 1024)
+  .option(
+    "--write-timeout <s>",
+    "cancel a streamed request, and close its connection, when the client has not read for this long",
+    floatArg("--write-timeout", 0.001),
+    30,
+  )
+  .option(
+    "--max-buffered-output <bytes>",
+    "streamed output a response may hold unread before the request is cancelled (e.g. 4194304, 4M)",
+    sizeArg("--max-buffered-output"),
+    4 * 1024 * 1024,
+  )
   .option("--template-timeout <s>", "time a chat template may take to render one prompt (400 beyond it)", floatArg("--template-timeout", 0.001), 5)
   .option("--chat-template <template>", "a Jinja chat template to use instead of the model's", "")
   .option("--use-default-chat-template", "accepted for mlx_lm compatibility (transformers has no default template)")
@@ -124,7 +161,9 @@ addLogLevelOption(addPipelineOption(addDraftOptions(addKvQuantOptions(addSamplin
   .option("--no-web", "no web chat page at / (the API only)")
   .action((o) => exitWith(import("./commands/serve.ts").then((m) => m.runServe(o))));
 
-addKvQuantOptions(addModelOptions(program.command("cache-prompt").description("run a prompt and save its KV caches for --prompt-cache-file (mlx_lm.cache_prompt)")))
+addKvQuantOptions(
+  addModelOptions(program.command("cache-prompt").description("run a prompt and save its KV caches for --prompt-cache-file (mlx_lm.cache_prompt)")),
+)
   .requiredOption("--prompt <text>", 'the prompt to cache ("-" reads stdin)')
   .requiredOption("--prompt-cache-file <file>", "the file to write (mlx-lm's save_prompt_cache format)")
   .option("--eos-token <token>", "end-of-sequence token stored for generate (tokenizer_config.eos_token, as mlx_lm)")

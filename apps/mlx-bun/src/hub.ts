@@ -111,7 +111,13 @@ export async function downloadModel(repo: string, opts: DownloadOptions = {}): P
 
   const hubUrl = (opts.hubUrl ?? hubUrlFromEnv()).replace(/\/+$/, "");
   const accessToken = opts.accessToken ?? (process.env.HF_TOKEN || undefined);
-  const common = { repo: { type: "model" as const, name: repo }, revision, hubUrl, ...(accessToken ? { accessToken } : {}), ...(opts.fetch ? { fetch: opts.fetch } : {}) };
+  const common = {
+    repo: { type: "model" as const, name: repo },
+    revision,
+    hubUrl,
+    ...(accessToken ? { accessToken } : {}),
+    ...(opts.fetch ? { fetch: opts.fetch } : {}),
+  };
 
   let entries: ListFileEntry[] = [];
   try {
@@ -132,9 +138,7 @@ export async function downloadModel(repo: string, opts: DownloadOptions = {}): P
     ...(e.lfs?.oid ? { sha256: e.lfs.oid } : {}),
   }));
   // Small files (configs, tokenizer) first, the weights last.
-  const todo = files
-    .filter((f) => !(existsSync(join(dir, f.path)) && statSync(join(dir, f.path)).size === f.size))
-    .sort((a, b) => a.size - b.size);
+  const todo = files.filter((f) => !(existsSync(join(dir, f.path)) && statSync(join(dir, f.path)).size === f.size)).sort((a, b) => a.size - b.size);
   const progress = makeProgress(opts.progress ?? true, repo);
   progress.start(
     todo.reduce((s, f) => s + f.size, 0),

@@ -28,11 +28,16 @@ export function engineOptions(o: ModelOptions, fileKv?: { kv?: KvMode; quantized
 /** Notes for flags that are accepted for mlx_lm's sake but change nothing here (stderr, once). */
 export function noteNoOps(o: ModelOptions, say: (line: string) => void = (l) => process.stderr.write(`${l}\n`)): void {
   if (o.maxKvSize !== undefined) {
-    say("mlx-bun: --max-kv-size has no effect on Gemma 4, as in mlx_lm (the model's own caches win: sliding layers keep their window, full-attention layers grow); --kv-window n bounds the full-attention layers");
+    say(
+      "mlx-bun: --max-kv-size has no effect on Gemma 4, as in mlx_lm (the model's own caches win: sliding layers keep their window, full-attention layers grow); --kv-window n bounds the full-attention layers",
+    );
   }
 }
 
-export async function loadEngine(o: ModelOptions, opts: { progress?: boolean; fileKv?: Parameters<typeof engineOptions>[1]; model?: ResolvedModel } = {}): Promise<Loaded> {
+export async function loadEngine(
+  o: ModelOptions,
+  opts: { progress?: boolean; fileKv?: Parameters<typeof engineOptions>[1]; model?: ResolvedModel } = {},
+): Promise<Loaded> {
   const engineOpts = engineOptions(o, opts.fileKv);
   const model = opts.model ?? (await resolveModel(o.model, { progress: opts.progress ?? true }));
   // Imported here so that --help and argument errors do not load the native library.
@@ -41,7 +46,10 @@ export async function loadEngine(o: ModelOptions, opts: { progress?: boolean; fi
   const rank = await import("./launch/rank.ts");
   const backend = rank.launchedBackend();
   if (backend) {
-    if (o.pipeline) throw new UsageError("--pipeline: mlx-bun splits Gemma 4 tensor-parallel across `mlx-bun launch` ranks; pipeline parallelism is not implemented (drop --pipeline)");
+    if (o.pipeline)
+      throw new UsageError(
+        "--pipeline: mlx-bun splits Gemma 4 tensor-parallel across `mlx-bun launch` ranks; pipeline parallelism is not implemented (drop --pipeline)",
+      );
     if (o.adapterPath) throw new UsageError("--adapter-path: adapters are not supported across ranks (as mlx_lm's distributed mode)");
     if (engineOpts.quantizedKv) throw new UsageError("--kv-bits: quantizing the KV cache mid-generation is not supported across ranks (use --kv q8 or q4)");
     return { engine: rank.loadRankEngine(model.dir, backend, engineOpts), model };

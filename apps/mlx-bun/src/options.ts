@@ -49,7 +49,8 @@ export function sizeArg(name: string) {
   return (v: string): number => {
     const m = /^(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)$/.exec(v.trim());
     const unit = m ? m[2]!.toUpperCase() : "";
-    if (!m || units[unit] === undefined) throw new InvalidArgumentError(`${name} must be a size like 1073741824, 500M, 1.5GB (units M, MB, G, GB), got ${JSON.stringify(v)}`);
+    if (!m || units[unit] === undefined)
+      throw new InvalidArgumentError(`${name} must be a size like 1073741824, 500M, 1.5GB (units M, MB, G, GB), got ${JSON.stringify(v)}`);
     return Math.floor(Number(m[1]) * units[unit]!);
   };
 }
@@ -138,7 +139,10 @@ export function addKvQuantOptions(cmd: Command): Command {
 
 /** mlx_lm's --pipeline (chat, serve). */
 export function addPipelineOption(cmd: Command): Command {
-  return cmd.option("--pipeline", "pipeline instead of tensor parallelism across `mlx-bun launch` ranks (not available: see docs/server.md); no effect in one process");
+  return cmd.option(
+    "--pipeline",
+    "pipeline instead of tensor parallelism across `mlx-bun launch` ranks (not available: see docs/server.md); no effect in one process",
+  );
 }
 
 /**
@@ -159,7 +163,11 @@ export function addSamplingOptions(cmd: Command, maxTokens: number, opts: { shor
 
 /** mlx_lm.server's --log-level (DEBUG, INFO: a line per request; WARNING and above: none). */
 export function addLogLevelOption(cmd: Command): Command {
-  return cmd.addOption(new Option("--log-level <level>", "DEBUG | INFO (a log line per request) | WARNING | ERROR | CRITICAL (errors only)").argParser(logLevelArg).default("INFO"));
+  return cmd.addOption(
+    new Option("--log-level <level>", "DEBUG | INFO (a log line per request) | WARNING | ERROR | CRITICAL (errors only)")
+      .argParser(logLevelArg)
+      .default("INFO"),
+  );
 }
 
 export function samplingFrom(o: SamplingOptions): SamplingParams {

@@ -55,7 +55,11 @@ const OPENAI_TOOLS = [{ type: "function", function: { name: "get_weather", descr
 const THINK = "<|channel>thought\nThe user greets me.<channel|>Hello!";
 
 async function raw(path: string, body: unknown, headers: Record<string, string> = {}, method = "POST", base = srv.url) {
-  const res = await fetch(`${base}${path}`, { method, headers: { "content-type": "application/json", ...headers }, ...(method === "POST" ? { body: typeof body === "string" ? body : JSON.stringify(body) } : {}) });
+  const res = await fetch(`${base}${path}`, {
+    method,
+    headers: { "content-type": "application/json", ...headers },
+    ...(method === "POST" ? { body: typeof body === "string" ? body : JSON.stringify(body) } : {}),
+  });
   return { status: res.status, body: (await res.json()) as { type: string; error: { type: string; message: string } } };
 }
 
@@ -70,7 +74,14 @@ describe("Anthropic Messages", () => {
     expect(m.content).toEqual([{ type: "text", text: "Hello there!" }]);
     expect(m.stop_reason).toBe("end_turn");
     expect(m.stop_sequence).toBeNull();
-    const prompt = chatPromptIds(engine.loaded, [{ role: "system", content: "Be brief." }, { role: "user", content: "Hi" }], { kwargs: { enable_thinking: false } });
+    const prompt = chatPromptIds(
+      engine.loaded,
+      [
+        { role: "system", content: "Be brief." },
+        { role: "user", content: "Hi" },
+      ],
+      { kwargs: { enable_thinking: false } },
+    );
     expect(sink.seen.at(-1)!.promptIds).toEqual(prompt);
     expect(m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0)).toBe(prompt.length);
     const n = engine.loaded.tokenizer.encode("Hello there!", { addSpecialTokens: false }).length;
@@ -92,7 +103,14 @@ describe("Anthropic Messages", () => {
     expect(stop).toBe("end_turn");
     const deltas = types.filter((t) => t === "delta:text_delta").length;
     expect(deltas).toBeGreaterThan(1);
-    expect(types).toEqual(["message_start", "content_block_start", ...Array(deltas).fill("delta:text_delta"), "content_block_stop", "message_delta", "message_stop"]);
+    expect(types).toEqual([
+      "message_start",
+      "content_block_start",
+      ...Array(deltas).fill("delta:text_delta"),
+      "content_block_stop",
+      "message_delta",
+      "message_stop",
+    ]);
 
     sink.scripts.push("Hello there!");
     const ms = client.messages.stream({ model: MODEL, max_tokens: 50, messages: [{ role: "user", content: "Hi" }] });
@@ -104,14 +122,24 @@ describe("Anthropic Messages", () => {
 
   test("thinking enabled: a thinking block before the text, streamed (thinking_delta) and not", async () => {
     sink.scripts.push(THINK);
-    const m = await client.messages.create({ model: MODEL, max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 1024 }, messages: [{ role: "user", content: "Hi" }] });
+    const m = await client.messages.create({
+      model: MODEL,
+      max_tokens: 2000,
+      thinking: { type: "enabled", budget_tokens: 1024 },
+      messages: [{ role: "user", content: "Hi" }],
+    });
     expect(m.content).toEqual([
       { type: "thinking", thinking: "\nThe user greets me.", signature: "" },
       { type: "text", text: "Hello!" },
     ]);
     expect(sink.seen.at(-1)!.promptIds).toEqual(chatPromptIds(engine.loaded, [{ role: "user", content: "Hi" }], { kwargs: { enable_thinking: true } }));
     sink.scripts.push(THINK);
-    const ms = client.messages.stream({ model: MODEL, max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 1024 }, messages: [{ role: "user", content: "Hi" }] });
+    const ms = client.messages.stream({
+      model: MODEL,
+      max_tokens: 2000,
+      thinking: { type: "enabled", budget_tokens: 1024 },
+      messages: [{ role: "user", content: "Hi" }],
+    });
     const kinds: string[] = [];
     ms.on("streamEvent", (ev) => {
       if (ev.type === "content_block_start") kinds.push(`start:${ev.content_block.type}:${ev.index}`);
@@ -125,7 +153,12 @@ describe("Anthropic Messages", () => {
     expect(kinds.at(-1)).toBe("text_delta");
     // display "omitted": the block is there, its text is not.
     sink.scripts.push(THINK);
-    const o = await client.messages.create({ model: MODEL, max_tokens: 2000, thinking: { type: "adaptive", display: "omitted" }, messages: [{ role: "user", content: "Hi" }] });
+    const o = await client.messages.create({
+      model: MODEL,
+      max_tokens: 2000,
+      thinking: { type: "adaptive", display: "omitted" },
+      messages: [{ role: "user", content: "Hi" }],
+    });
     expect(o.content).toEqual([
       { type: "thinking", thinking: "", signature: "" },
       { type: "text", text: "Hello!" },
@@ -177,12 +210,18 @@ describe("Anthropic Messages", () => {
     );
     expect(sink.seen.at(-1)!.promptIds).toEqual(expected);
     const text = engine.loaded.tokenizer.decode(expected);
-    expect(text).toContain("<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3}<tool_call|>");
-    expect(text).toContain("response:get_weather{value:<|\"|>{\"temperature\": 21}<|\"|>}");
+    expect(text).toContain('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>');
+    expect(text).toContain('response:get_weather{value:<|"|>{"temperature": 21}<|"|>}');
 
     // disable_parallel_tool_use keeps the first call only; tool_choice none bans the opening.
     sink.scripts.push(`${CALL}${CALL}`);
-    const one = await client.messages.create({ model: MODEL, max_tokens: 200, tools: TOOLS, tool_choice: { type: "auto", disable_parallel_tool_use: true }, messages });
+    const one = await client.messages.create({
+      model: MODEL,
+      max_tokens: 200,
+      tools: TOOLS,
+      tool_choice: { type: "auto", disable_parallel_tool_use: true },
+      messages,
+    });
     expect(one.content.filter((b) => b.type === "tool_use")).toHaveLength(1);
     sink.scripts.push(`${CALL}${CALL}`);
     const two = await client.messages.create({ model: MODEL, max_tokens: 200, tools: TOOLS, messages });
@@ -195,13 +234,23 @@ describe("Anthropic Messages", () => {
     expect(s.content).toEqual([{ type: "text", text: "Hello " }]);
     expect([s.stop_reason, s.stop_sequence]).toEqual(["stop_sequence", "STOP"]);
     sink.scripts.push("Hello STOP world");
-    const ss = await client.messages.stream({ model: MODEL, max_tokens: 50, stop_sequences: ["STOP"], messages: [{ role: "user", content: "Hi" }] }).finalMessage();
+    const ss = await client.messages
+      .stream({ model: MODEL, max_tokens: 50, stop_sequences: ["STOP"], messages: [{ role: "user", content: "Hi" }] })
+      .finalMessage();
     expect([ss.stop_reason, ss.stop_sequence]).toEqual(["stop_sequence", "STOP"]);
     sink.scripts.push("one two three four five six");
     const l = await client.messages.create({ model: MODEL, max_tokens: 3, messages: [{ role: "user", content: "Hi" }] });
     expect(l.stop_reason).toBe("max_tokens");
     expect(l.usage.output_tokens).toBe(3);
-    await client.messages.create({ model: MODEL, max_tokens: 2, messages: [{ role: "user", content: "Hi" }], temperature: 0.7, top_p: 0.9, top_k: 5, metadata: { user_id: "u-1" } } as Anthropic.MessageCreateParamsNonStreaming);
+    await client.messages.create({
+      model: MODEL,
+      max_tokens: 2,
+      messages: [{ role: "user", content: "Hi" }],
+      temperature: 0.7,
+      top_p: 0.9,
+      top_k: 5,
+      metadata: { user_id: "u-1" },
+    } as Anthropic.MessageCreateParamsNonStreaming);
     expect(sink.seen.at(-1)!.sampling).toMatchObject({ temperature: 0.7, topP: 0.9, topK: 5 });
   });
 
@@ -213,13 +262,24 @@ describe("Anthropic Messages", () => {
     expect(c.input_tokens).toBe(sink.seen.at(-1)!.promptIds.length);
     expect(c.input_tokens).toBe(m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0));
     const t = await client.messages.countTokens({ ...req, thinking: { type: "enabled", budget_tokens: 1024 } });
-    expect(t.input_tokens).toBe(chatPromptIds(engine.loaded, [{ role: "system", content: "You check the weather." }, { role: "user", content: "Weather in Paris?" }], { tools: OPENAI_TOOLS, kwargs: { enable_thinking: true } }).length);
+    expect(t.input_tokens).toBe(
+      chatPromptIds(
+        engine.loaded,
+        [
+          { role: "system", content: "You check the weather." },
+          { role: "user", content: "Weather in Paris?" },
+        ],
+        { tools: OPENAI_TOOLS, kwargs: { enable_thinking: true } },
+      ).length,
+    );
   });
 
   test("x-api-key on a server with --api-key; errors in Anthropic's shape, naming the field", async () => {
     const ok = new Anthropic({ baseURL: keyed.url, apiKey: "sk-ant-test", maxRetries: 0 });
     sink.scripts.push("Hi!");
-    expect((await ok.messages.create({ model: MODEL, max_tokens: 10, messages: [{ role: "user", content: "Hi" }] })).content).toEqual([{ type: "text", text: "Hi!" }]);
+    expect((await ok.messages.create({ model: MODEL, max_tokens: 10, messages: [{ role: "user", content: "Hi" }] })).content).toEqual([
+      { type: "text", text: "Hi!" },
+    ]);
     const wrong = new Anthropic({ baseURL: keyed.url, apiKey: "sk-wrong", maxRetries: 0 });
     const e401 = await wrong.messages.create({ model: MODEL, max_tokens: 10, messages: [{ role: "user", content: "Hi" }] }).catch((e: unknown) => e);
     expect(e401).toBeInstanceOf(Anthropic.AuthenticationError);
@@ -237,17 +297,52 @@ describe("Anthropic Messages", () => {
       [{ model: MODEL, max_tokens: 5, temperature: 1.5, messages: [{ role: "user", content: "Hi" }] }, "temperature:"],
       [{ model: MODEL, max_tokens: 5, top_k: "x", messages: [{ role: "user", content: "Hi" }] }, "top_k:"],
       [{ model: MODEL, max_tokens: 5, messages: [{ role: "user", content: "Hi" }], frequency_penalty: 1 }, "frequency_penalty: Extra inputs are not permitted"],
-      [{ model: MODEL, max_tokens: 5, messages: [{ role: "user", content: "Hi" }], metadata: { user_id: "u", other: 1 } }, "metadata.other: Extra inputs are not permitted"],
+      [
+        { model: MODEL, max_tokens: 5, messages: [{ role: "user", content: "Hi" }], metadata: { user_id: "u", other: 1 } },
+        "metadata.other: Extra inputs are not permitted",
+      ],
       [{ model: MODEL, max_tokens: 5, messages: [{ role: "user", content: "Hi" }], mcp_servers: [{ type: "url" }] }, "mcp_servers:"],
-      [{ model: MODEL, max_tokens: 5, messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "" } }] }] }, "messages.0.content.0.type:"],
+      [
+        {
+          model: MODEL,
+          max_tokens: 5,
+          messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "" } }] }],
+        },
+        "messages.0.content.0.type:",
+      ],
       [{ model: MODEL, max_tokens: 5, messages: [{ role: "robot", content: "Hi" }] }, "messages.0.role:"],
-      [{ model: MODEL, max_tokens: 5, messages: [{ role: "user", content: "Hi" }, { role: "assistant", content: "Sure" }] }, "messages.1:"],
-      [{ model: MODEL, max_tokens: 5, messages: [{ role: "user", content: [{ type: "tool_result", tool_use_id: "toolu_x", content: "1" }] }] }, "messages.0.content.0.tool_use_id:"],
+      [
+        {
+          model: MODEL,
+          max_tokens: 5,
+          messages: [
+            { role: "user", content: "Hi" },
+            { role: "assistant", content: "Sure" },
+          ],
+        },
+        "messages.1:",
+      ],
+      [
+        { model: MODEL, max_tokens: 5, messages: [{ role: "user", content: [{ type: "tool_result", tool_use_id: "toolu_x", content: "1" }] }] },
+        "messages.0.content.0.tool_use_id:",
+      ],
       [{ model: MODEL, max_tokens: 5, tools: [{ name: "t" }], messages: [{ role: "user", content: "Hi" }] }, "tools.0.input_schema:"],
-      [{ model: MODEL, max_tokens: 5, tools: [{ type: "web_search_20250305", name: "web_search" }], messages: [{ role: "user", content: "Hi" }] }, "tools.0.type:"],
-      [{ model: MODEL, max_tokens: 5, tools: TOOLS, tool_choice: { type: "tool", name: "nope" }, messages: [{ role: "user", content: "Hi" }] }, "tool_choice.name:"],
-      [{ model: MODEL, max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 100 }, messages: [{ role: "user", content: "Hi" }] }, "thinking.budget_tokens:"],
-      [{ model: MODEL, max_tokens: 1500, thinking: { type: "enabled", budget_tokens: 1500 }, messages: [{ role: "user", content: "Hi" }] }, "thinking.budget_tokens: must be less than max_tokens"],
+      [
+        { model: MODEL, max_tokens: 5, tools: [{ type: "web_search_20250305", name: "web_search" }], messages: [{ role: "user", content: "Hi" }] },
+        "tools.0.type:",
+      ],
+      [
+        { model: MODEL, max_tokens: 5, tools: TOOLS, tool_choice: { type: "tool", name: "nope" }, messages: [{ role: "user", content: "Hi" }] },
+        "tool_choice.name:",
+      ],
+      [
+        { model: MODEL, max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 100 }, messages: [{ role: "user", content: "Hi" }] },
+        "thinking.budget_tokens:",
+      ],
+      [
+        { model: MODEL, max_tokens: 1500, thinking: { type: "enabled", budget_tokens: 1500 }, messages: [{ role: "user", content: "Hi" }] },
+        "thinking.budget_tokens: must be less than max_tokens",
+      ],
       [{ model: MODEL, max_tokens: 5, stop_sequences: "STOP", messages: [{ role: "user", content: "Hi" }] }, "stop_sequences:"],
       [{ model: MODEL, max_tokens: 5 }, "messages: Field required"],
       ["{not json", "Invalid JSON"],
@@ -258,9 +353,14 @@ describe("Anthropic Messages", () => {
       expect(r.body.error.message, JSON.stringify(body)).toContain(msg);
     }
     // The SDK surfaces them as BadRequestError with Anthropic's body.
-    const e400 = await client.messages.create({ model: MODEL, max_tokens: 5, messages: [{ role: "user", content: "Hi" }], temperature: 3 } as Anthropic.MessageCreateParamsNonStreaming).catch((e: unknown) => e);
+    const e400 = await client.messages
+      .create({ model: MODEL, max_tokens: 5, messages: [{ role: "user", content: "Hi" }], temperature: 3 } as Anthropic.MessageCreateParamsNonStreaming)
+      .catch((e: unknown) => e);
     expect(e400).toBeInstanceOf(Anthropic.BadRequestError);
-    expect((e400 as APIError).error).toMatchObject({ type: "error", error: { type: "invalid_request_error", message: expect.stringContaining("temperature") } });
+    expect((e400 as APIError).error).toMatchObject({
+      type: "error",
+      error: { type: "invalid_request_error", message: expect.stringContaining("temperature") },
+    });
     const ct = await raw("/v1/messages/count_tokens", { model: MODEL, max_tokens: 5, messages: [{ role: "user", content: "Hi" }] });
     expect([ct.status, ct.body.error.message]).toEqual([400, "max_tokens: Extra inputs are not permitted"]);
     const get = await raw("/v1/messages", null, {}, "GET");
@@ -296,7 +396,13 @@ describe("thinking budget (thinking.budget_tokens)", () => {
       const processors = [forcePrefix(open)];
       if (budget !== null) processors.push(thinkingBudget(tok, budget)!);
       // No end of turn, so the run is as long as asked.
-      const s = scheduler.submit({ promptIds, maxTokens: 12, sampling: { temperature: 0, logitBias: Object.fromEntries(eos.map((id) => [id, -1e9])) }, keepSpecialTokens: true, logitsProcessors: processors });
+      const s = scheduler.submit({
+        promptIds,
+        maxTokens: 12,
+        sampling: { temperature: 0, logitBias: Object.fromEntries(eos.map((id) => [id, -1e9])) },
+        keepSpecialTokens: true,
+        logitsProcessors: processors,
+      });
       return (await s.result).tokens;
     };
     const free = await run(null);

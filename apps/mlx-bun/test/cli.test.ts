@@ -47,7 +47,7 @@ describe("generate", () => {
     expect(b.model).toBe("tiny-org/tiny");
   });
 
-  test('--prompt - reads stdin; --ignore-chat-template uses the raw prompt with <bos>', async () => {
+  test("--prompt - reads stdin; --ignore-chat-template uses the raw prompt with <bos>", async () => {
     const r = await runCli(["generate", "--json", "--model", dir, "--prompt", "-", "--ignore-chat-template", "--max-tokens", "3"], { stdin: "from stdin" });
     expect(r.code, r.stderr).toBe(0);
     const o = json(r.stdout);
@@ -66,7 +66,9 @@ describe("generate", () => {
     ]) {
       const r = await runCli(args);
       expect(r.code, args.join(" ")).toBe(1);
-      expect(r.stderr, args.join(" ")).toMatch(/--temp must be a number|--max-tokens must be at least 1|--kv must be|--port must be an integer|no such directory/);
+      expect(r.stderr, args.join(" ")).toMatch(
+        /--temp must be a number|--max-tokens must be at least 1|--kv must be|--port must be an integer|no such directory/,
+      );
     }
   });
 
@@ -80,7 +82,9 @@ describe("generate", () => {
 
 describe("chat", () => {
   test("keeps the history across turns; /reset clears it; /exit quits", async () => {
-    const r = await runCli(["chat", "--model", dir, "--max-tokens", "6", "--verbose"], { stdin: "hello there\nand again\n/reset\nhello there\n/exit\nnot read\n" });
+    const r = await runCli(["chat", "--model", dir, "--max-tokens", "6", "--verbose"], {
+      stdin: "hello there\nand again\n/reset\nhello there\n/exit\nnot read\n",
+    });
     expect(r.code, r.stderr).toBe(0);
     const turns = [...r.stderr.matchAll(/\[prompt (\d+) tokens .*?generated (\d+) tokens/g)].map((m) => [Number(m[1]), Number(m[2])]);
     expect(turns).toHaveLength(3);
@@ -114,11 +118,19 @@ describe("serve", () => {
       const page = await fetch(`${url}/`); // the web chat that tools/setup.sh built (test/web.test.ts drives it)
       expect(page.status).toBe(200);
       expect(await page.text()).toContain("<title>mlx-bun chat</title>");
-      const r = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt: "hi" }) });
+      const r = await fetch(`${url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ prompt: "hi" }),
+      });
       const body = (await r.json()) as { usage: { completion_tokens: number } };
       expect(body.usage.completion_tokens).toBe(4); // --max-tokens is the default
       // The prompt cache is on by default (as mlx_lm.server): the same prompt again reuses it.
-      const again = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt: "hi" }) });
+      const again = await fetch(`${url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ prompt: "hi" }),
+      });
       const usage = ((await again.json()) as { usage: { prompt_tokens: number; prompt_tokens_details: { cached_tokens: number } } }).usage;
       expect(usage.prompt_tokens_details.cached_tokens).toBe(usage.prompt_tokens - 1);
       reader.releaseLock();

@@ -73,7 +73,15 @@ export function startFakeHub(opts: FakeHubOptions): FakeHub {
           if (!lfs) return [{ type: "file", oid: gitBlobSha1(b), size: b.byteLength, path: p }];
           // As the Hub: the git oid is the LFS pointer's, the content's sha256 is lfs.oid.
           const pointer = new TextEncoder().encode(`version https://git-lfs.github.com/spec/v1\noid sha256:${sha256(b)}\nsize ${b.byteLength}\n`);
-          return [{ type: "file", oid: gitBlobSha1(pointer), size: b.byteLength, path: p, lfs: { oid: sha256(b), size: b.byteLength, pointerSize: pointer.byteLength } }];
+          return [
+            {
+              type: "file",
+              oid: gitBlobSha1(pointer),
+              size: b.byteLength,
+              path: p,
+              lfs: { oid: sha256(b), size: b.byteLength, pointerSize: pointer.byteLength },
+            },
+          ];
         });
         const seen = new Set<string>();
         return Response.json(entries.filter((e) => !seen.has(e.path) && seen.add(e.path)));

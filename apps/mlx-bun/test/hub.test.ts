@@ -64,7 +64,14 @@ describe("names", () => {
     expect(isRepoId("mlx-community/gemma-4-e2b-it-4bit")).toBe(true);
     expect(isRepoId("google/gemma-4-E2B")).toBe(true);
     for (const bad of ["gemma", "./a/b", "/abs/path", "a/b/c", "a/../b", ""]) expect(isRepoId(bad), bad).toBe(false);
-    for (const f of ["config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer.model", "chat_template.jinja"]) {
+    for (const f of [
+      "config.json",
+      "model-00001-of-00002.safetensors",
+      "model.safetensors.index.json",
+      "tokenizer.json",
+      "tokenizer.model",
+      "chat_template.jinja",
+    ]) {
       expect(isModelFile(f), f).toBe(true);
     }
     for (const f of ["README.md", ".gitattributes", "pytorch_model.bin", "original/params.json", "consolidated.pth"]) expect(isModelFile(f), f).toBe(false);
@@ -158,7 +165,10 @@ describe("--model with a repo id", () => {
       expect(m).toEqual({ dir: snapshotDir(cache.path, REPO), id: REPO, source: "hub" });
       expectIdentical(m.dir);
     } finally {
-      for (const [k, v] of [["MLX_BUN_HF_ENDPOINT", saved.e], ["MLX_BUN_CACHE", saved.c]] as const) {
+      for (const [k, v] of [
+        ["MLX_BUN_HF_ENDPOINT", saved.e],
+        ["MLX_BUN_CACHE", saved.c],
+      ] as const) {
         if (v === undefined) delete process.env[k];
         else process.env[k] = v;
       }

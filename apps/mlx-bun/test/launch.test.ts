@@ -113,7 +113,10 @@ describe("mlx-bun launch", () => {
       const run = startLaunch(["-n", "2", "--timeout", timeout, "--", "serve", "--model", model, "--port", "0", "--no-web"]);
       try {
         const url = await listening(run);
-        const res = await fetch(`${url}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "hi", max_tokens: 3000, temperature: 0, stream: true }) });
+        const res = await fetch(`${url}/v1/completions`, {
+          method: "POST",
+          body: JSON.stringify({ prompt: "hi", max_tokens: 3000, temperature: 0, stream: true }),
+        });
         expect(res.status).toBe(200);
         const reader = res.body!.getReader();
         const dec = new TextDecoder();
@@ -142,12 +145,16 @@ describe("mlx-bun launch", () => {
         const err = JSON.parse(last.slice(6)) as { error: { message: string; type: string } };
         expect(err.error.type).toBe("server_error");
         if (rank === 0) expect(err.error.message).toBe("the tensor-parallel group is being stopped: rank 0 was killed by SIGKILL");
-        else expect(err.error.message).toMatch(signal === "SIGKILL" ? /rank 1 was killed by SIGKILL|connection to a peer was lost/ : /rank 1 sent no heartbeat for 3 s/);
+        else
+          expect(err.error.message).toMatch(
+            signal === "SIGKILL" ? /rank 1 was killed by SIGKILL|connection to a peer was lost/ : /rank 1 sent no heartbeat for 3 s/,
+          );
         // Answered within the rank timeout (a killed peer: at once), group gone within it plus the 2 s kill grace.
         expect((closedAt - killedAt) / 1000).toBeLessThan(signal === "SIGKILL" ? 2 : Number(timeout) + 1.5);
         expect(code).toBe(1);
         if (rank === 0) expect(run.stderr).toMatch(/rank 0 was killed by SIGKILL; stopping the group/);
-        else if (signal === "SIGKILL") expect(run.stderr).toMatch(/rank 1 was killed by SIGKILL; stopping the group|rank 0 exited with code 1; stopping the group/);
+        else if (signal === "SIGKILL")
+          expect(run.stderr).toMatch(/rank 1 was killed by SIGKILL; stopping the group|rank 0 exited with code 1; stopping the group/);
         else expect(run.stderr).toMatch(/rank 1 sent no heartbeat for 3 s \(process stopped\)(; ranks 0 waited on it)?; stopping the group/);
         expect(took).toBeLessThan(Number(timeout) + 4);
       } catch (e) {

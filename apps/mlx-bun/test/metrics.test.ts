@@ -54,7 +54,12 @@ describe("GET /metrics", () => {
     const c1 = await client.chat.completions.create(chat);
     const c2 = await client.chat.completions.create(chat); // the same prompt: served from the prompt cache
     expect(c2.usage!.prompt_tokens_details!.cached_tokens).toBeGreaterThan(0);
-    const a = (await (await fetch(`${srv.url}/v1/messages`, { method: "POST", body: JSON.stringify({ model: MODEL, max_tokens: 4, messages: [{ role: "user", content: "Hi" }] }) })).json()) as {
+    const a = (await (
+      await fetch(`${srv.url}/v1/messages`, {
+        method: "POST",
+        body: JSON.stringify({ model: MODEL, max_tokens: 4, messages: [{ role: "user", content: "Hi" }] }),
+      })
+    ).json()) as {
       usage: { input_tokens: number; cache_read_input_tokens: number; output_tokens: number };
     };
     let responsesUsage: OpenAI.Responses.ResponseUsage | undefined;
@@ -80,7 +85,9 @@ describe("GET /metrics", () => {
     const chatEp = 'endpoint="/v1/chat/completions"';
     expect(get(`mlx_bun_prompt_tokens_total{${chatEp}}`)).toBe(c1.usage!.prompt_tokens + c2.usage!.prompt_tokens);
     expect(get(`mlx_bun_generation_tokens_total{${chatEp}}`)).toBe(c1.usage!.completion_tokens + c2.usage!.completion_tokens);
-    expect(get(`mlx_bun_prompt_tokens_cached_total{${chatEp}}`)).toBe(c1.usage!.prompt_tokens_details!.cached_tokens! + c2.usage!.prompt_tokens_details!.cached_tokens!);
+    expect(get(`mlx_bun_prompt_tokens_cached_total{${chatEp}}`)).toBe(
+      c1.usage!.prompt_tokens_details!.cached_tokens! + c2.usage!.prompt_tokens_details!.cached_tokens!,
+    );
     expect(get('mlx_bun_prompt_tokens_total{endpoint="/v1/messages"}')).toBe(a.usage.input_tokens + a.usage.cache_read_input_tokens);
     expect(get('mlx_bun_generation_tokens_total{endpoint="/v1/messages"}')).toBe(a.usage.output_tokens);
     expect(get('mlx_bun_prompt_tokens_total{endpoint="/v1/responses"}')).toBe(responsesUsage!.input_tokens);

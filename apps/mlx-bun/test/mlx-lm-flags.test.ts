@@ -54,16 +54,21 @@ const oursCommand = (c: Case): string => (c.command === "cache_prompt" ? "cache-
 /** Ours, with --json for generate cases compared by tokens. */
 async function runOurs(id: string, json: boolean): Promise<void> {
   const c = cases.get(id)!;
-  const r = await runCli([oursCommand(c), ...argvOf(c), ...(json ? ["--json"] : [])], { ...(c.stdin !== undefined ? { stdin: c.stdin } : {}), timeoutMs: 120_000 });
+  const r = await runCli([oursCommand(c), ...argvOf(c), ...(json ? ["--json"] : [])], {
+    ...(c.stdin !== undefined ? { stdin: c.stdin } : {}),
+    timeoutMs: 120_000,
+  });
   ours.set(id, r);
 }
 
 /** A few at a time (the CPU has few cores). */
 async function pool(ids: string[], fn: (id: string) => Promise<void>, width = 2): Promise<void> {
   const queue = [...ids];
-  await Promise.all(Array.from({ length: width }, async () => {
-    for (let id = queue.shift(); id !== undefined; id = queue.shift()) await fn(id);
-  }));
+  await Promise.all(
+    Array.from({ length: width }, async () => {
+      for (let id = queue.shift(); id !== undefined; id = queue.shift()) await fn(id);
+    }),
+  );
 }
 
 async function runMlxLm(ids: string[]): Promise<void> {
@@ -102,7 +107,9 @@ tokenCase("max-kv-size", "small", ["--prompt", "hello", "--max-kv-size", "10", "
 tokenCase("prefill-step-size", "small", ["--prompt", "hello", "--prefill-step-size", "5", "-m", "8"]);
 tokenCase("kv-bits-default-start", "small", ["--prompt", "hello", "--kv-bits", "8", "--kv-group-size", "64", "-m", "8"]);
 tokenCase("kv-bits-start-16", "dense", ["--prompt", "hello", "--kv-bits", "8", "--quantized-kv-start", "16", "-m", "12"], { quantizeFullOnly: true });
-tokenCase("kv-bits-4-group-32-start-0", "dense", ["--prompt", "hello", "--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "0", "-m", "12"], { quantizeFullOnly: true });
+tokenCase("kv-bits-4-group-32-start-0", "dense", ["--prompt", "hello", "--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "0", "-m", "12"], {
+  quantizeFullOnly: true,
+});
 tokenCase("trust-remote-code", "small", ["--prompt", "hello", "--trust-remote-code", "-m", "6"]);
 tokenCase("adapter-path", "small", ["--prompt", "hello", "--adapter-path", "<adapter>", "-m", "8"]);
 tokenCase("adapter-path-seeded", "small", ["--prompt", "hello", "--adapter-path", "<adapter>", "--temp", "1", "--seed", "3", "-m", "8"]);
@@ -140,7 +147,20 @@ beforeAll(async () => {
   // A 64-token window: a short prompt leaves the sliding caches unwrapped (mlx-lm then saves spare capacity).
   models.w64 = makeTinySmall(join(tmp.path, "w64"), ["--set", "sliding_window=64"]);
   adapter = join(tmp.path, "adapter");
-  runPython([join(ROOT, "tools", "oracle", "lora_oracle.py"), models.small, adapter, join(tmp.path, "lora-ref.safetensors"), "--ids", "2,5,6", "--layers", "2", "--rank", "4", "--scale", "3.0"]);
+  runPython([
+    join(ROOT, "tools", "oracle", "lora_oracle.py"),
+    models.small,
+    adapter,
+    join(tmp.path, "lora-ref.safetensors"),
+    "--ids",
+    "2,5,6",
+    "--layers",
+    "2",
+    "--rank",
+    "4",
+    "--scale",
+    "3.0",
+  ]);
   const image = join(tmp.path, "a.ppm");
   writeFileSync(image, "P3\n1 1\n255\n255 0 0\n");
   for (const c of cases.values()) c.argv = c.argv.map((a) => (a === "<adapter>" ? adapter : a === "<small>" ? models.small : a === "<image>" ? image : a));
@@ -149,7 +169,19 @@ beforeAll(async () => {
   const probe = await runCli(["generate", "--model", models.small, "--prompt", "hello", "--temp", "1", "--seed", "3", "-m", "10", "--json"]);
   const ids = (JSON.parse(probe.stdout) as { generated_ids: number[] }).generated_ids;
   const tok = Gemma4Tokenizer.load(models.small);
-  tokenCase("extra-eos-token", "small", ["--prompt", "hello", "--temp", "1", "--seed", "3", "-m", "10", "--extra-eos-token", String(ids[3]), tok.idToToken(ids[5]!)!]);
+  tokenCase("extra-eos-token", "small", [
+    "--prompt",
+    "hello",
+    "--temp",
+    "1",
+    "--seed",
+    "3",
+    "-m",
+    "10",
+    "--extra-eos-token",
+    String(ids[3]),
+    tok.idToToken(ids[5]!)!,
+  ]);
 
   // Prompt-cache files: ours first (mlx_lm reads them in the Python batch), then mlx_lm's (we read them after).
   files = {
@@ -161,17 +193,35 @@ beforeAll(async () => {
     theirsW64: join(tmp.path, "theirs-w64.safetensors"),
   };
   cases.set("cache-ours-small", { command: "cache_prompt", model: "small", argv: ["--prompt", DOC, "--prompt-cache-file", files.oursSmall] });
-  cases.set("cache-ours-dense-q8", { command: "cache_prompt", model: "dense", argv: ["--prompt", DOC, "--prompt-cache-file", files.oursDenseQ, "--kv-bits", "8", "--quantized-kv-start", "0", "--eos-token", "<pad>"] });
+  cases.set("cache-ours-dense-q8", {
+    command: "cache_prompt",
+    model: "dense",
+    argv: ["--prompt", DOC, "--prompt-cache-file", files.oursDenseQ, "--kv-bits", "8", "--quantized-kv-start", "0", "--eos-token", "<pad>"],
+  });
   cases.set("cache-theirs-small", { command: "cache_prompt", model: "small", argv: ["--prompt", DOC, "--prompt-cache-file", files.theirsSmall] });
   cases.set("cache-ours-w64", { command: "cache_prompt", model: "w64", argv: ["--prompt", "short one", "--prompt-cache-file", files.oursW64] });
   cases.set("cache-theirs-w64", { command: "cache_prompt", model: "w64", argv: ["--prompt", "short one", "--prompt-cache-file", files.theirsW64] });
-  cases.set("cache-theirs-dense-q8", { command: "cache_prompt", model: "dense", argv: ["--prompt", DOC, "--prompt-cache-file", files.theirsDenseQ, "--kv-bits", "8", "--quantized-kv-start", "0"], quantizeFullOnly: true });
+  cases.set("cache-theirs-dense-q8", {
+    command: "cache_prompt",
+    model: "dense",
+    argv: ["--prompt", DOC, "--prompt-cache-file", files.theirsDenseQ, "--kv-bits", "8", "--quantized-kv-start", "0"],
+    quantizeFullOnly: true,
+  });
   for (const [k, f] of Object.entries(files)) {
     // No --model: both load the model the file names (as mlx_lm.generate).
     tokenCase(`from-${k}`, null, ["--prompt-cache-file", f, "--prompt", " Now summarize it.", "-m", "10"]);
     tokenCase(`from-${k}-raw`, null, ["--prompt-cache-file", f, "--prompt", "and then", "--ignore-chat-template", "-m", "8"]);
   }
-  tokenCase("from-oursSmall-prefill-response", null, ["--prompt-cache-file", files.oursSmall, "--prompt", "Summarize.", "--prefill-response", "In short", "-m", "8"]);
+  tokenCase("from-oursSmall-prefill-response", null, [
+    "--prompt-cache-file",
+    files.oursSmall,
+    "--prompt",
+    "Summarize.",
+    "--prefill-response",
+    "In short",
+    "-m",
+    "8",
+  ]);
 
   const oursCaches = ["cache-ours-small", "cache-ours-dense-q8", "cache-ours-w64"];
   for (const id of oursCaches) await runOurs(id, false);
@@ -263,14 +313,18 @@ describe("mlx_lm.generate flags: same command line, same tokens", () => {
     expect(text, theirs).toBeDefined();
     const o = ours.get("verbose-T")!;
     expect(o.stdout).toBe(`${text}\n`);
-    expect(o.stderr).toMatch(/^==========\n==========\nPrompt: \d+ tokens, [\d.]+ tokens-per-sec\nGeneration: 8 tokens, [\d.]+ tokens-per-sec\nPeak memory: [\d.]+ GB\n$/m);
+    expect(o.stderr).toMatch(
+      /^==========\n==========\nPrompt: \d+ tokens, [\d.]+ tokens-per-sec\nGeneration: 8 tokens, [\d.]+ tokens-per-sec\nPeak memory: [\d.]+ GB\n$/m,
+    );
   });
 
   test("both refuse --quantize-activations on an affine-quantized checkpoint, and --image here", () => {
     expect(py.get("quantize-activations-q4")!.error).toMatch(/does not support activation quantization/);
     const q = ours.get("quantize-activations-q4")!;
     expect(q.code).toBe(1);
-    expect(q.stderr).toMatch(/^mlx-bun: error: --quantize-activations: this checkpoint's layers are affine-quantized; only nvfp4 and mxfp8 layers support activation quantization/);
+    expect(q.stderr).toMatch(
+      /^mlx-bun: error: --quantize-activations: this checkpoint's layers are affine-quantized; only nvfp4 and mxfp8 layers support activation quantization/,
+    );
     expect(py.get("image")!.error).toMatch(/does not take images/);
     const i = ours.get("image")!;
     expect(i.code).toBe(1);
@@ -285,7 +339,15 @@ describe("mlx_lm.chat flags: the same replies", () => {
     expect(p.error, id).toBeNull();
     return p.runs.map((r) => r.text);
   };
-  for (const id of ["chat-max-tokens-m", "chat-max-tokens", "chat-seed-temp-top-p", "chat-xtc-default-seed", "chat-max-kv-size-prefill-step", "chat-trust-remote-code-pipeline", "chat-adapter-path"]) {
+  for (const id of [
+    "chat-max-tokens-m",
+    "chat-max-tokens",
+    "chat-seed-temp-top-p",
+    "chat-xtc-default-seed",
+    "chat-max-kv-size-prefill-step",
+    "chat-trust-remote-code-pipeline",
+    "chat-adapter-path",
+  ]) {
     test(id, () => {
       const o = ours.get(id)!;
       expect(o.code, o.stderr).toBe(0);
@@ -301,7 +363,9 @@ describe("mlx_lm.chat flags: the same replies", () => {
   test("--pipeline under `mlx-bun launch` is a clear error (tensor parallelism only)", async () => {
     const r = await runCli(["chat", "--model", models.small, "--pipeline"], { env: { MLX_BUN_DIST_BACKEND: "ring" }, stdin: "hi\n" });
     expect(r.code).toBe(1);
-    expect(r.stderr).toMatch(/^mlx-bun: error: --pipeline: mlx-bun splits Gemma 4 tensor-parallel across `mlx-bun launch` ranks; pipeline parallelism is not implemented/);
+    expect(r.stderr).toMatch(
+      /^mlx-bun: error: --pipeline: mlx-bun splits Gemma 4 tensor-parallel across `mlx-bun launch` ranks; pipeline parallelism is not implemented/,
+    );
   });
 });
 
@@ -328,9 +392,18 @@ describe("prompt-cache files both ways (mlx_lm.cache_prompt ↔ mlx-bun cache-pr
   test("a file that is not a prompt cache, a missing one, and --kv-bits against the file's: clear errors", async () => {
     const bad = [
       [["generate", "--prompt-cache-file", join(models.small, "model.safetensors"), "--prompt", "x"], /not a prompt cache: neither an mlx-bun KV snapshot/],
-      [["generate", "--prompt-cache-file", join(tmp.path, "nope.safetensors"), "--prompt", "x"], /kv-store .*nope\.safetensors: not a readable snapshot: .*file not found/],
-      [["generate", "--prompt-cache-file", files.theirsDenseQ, "--kv-bits", "4", "--prompt", "x"], /--kv-bits 4 does not match the KV cache loaded from --prompt-cache-file \(8 bits\)/],
-      [["generate", "--prompt-cache-file", files.theirsSmall, "--model", models.dense, "--prompt", "x"], /the prompt cache .* was made with model .*; providing a different model is an error/],
+      [
+        ["generate", "--prompt-cache-file", join(tmp.path, "nope.safetensors"), "--prompt", "x"],
+        /kv-store .*nope\.safetensors: not a readable snapshot: .*file not found/,
+      ],
+      [
+        ["generate", "--prompt-cache-file", files.theirsDenseQ, "--kv-bits", "4", "--prompt", "x"],
+        /--kv-bits 4 does not match the KV cache loaded from --prompt-cache-file \(8 bits\)/,
+      ],
+      [
+        ["generate", "--prompt-cache-file", files.theirsSmall, "--model", models.dense, "--prompt", "x"],
+        /the prompt cache .* was made with model .*; providing a different model is an error/,
+      ],
       [["generate", "--prompt-cache-file", files.oursSmall, "--model", models.q4, "--prompt", "x"], /saved from another model/],
     ] as const;
     for (const [args, re] of bad) {

@@ -74,7 +74,8 @@ async function post(url: string, path: string, body: unknown, headers: Record<st
   return { json: JSON.parse(text), headers: r.headers };
 }
 
-const TEMPLATE = "{{ bos_token }}{% for m in messages %}<|turn>{{ m['role'] }}\n{{ m['content'] }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}";
+const TEMPLATE =
+  "{{ bos_token }}{% for m in messages %}<|turn>{{ m['role'] }}\n{{ m['content'] }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}";
 
 /** The same requests on both servers: a chat turn (with an Origin) and a completion. */
 async function exchange(s: Server, origin?: string) {
@@ -92,21 +93,48 @@ async function exchange(s: Server, origin?: string) {
 describe("mlx_lm.server's flags: same command line, same replies", () => {
   test("every flag at once (adapter, chat template and its args, sampling defaults, concurrency, prompt cache, KV bits, log level, CORS, pipeline, trust-remote-code)", async () => {
     const args = [
-      "--model", small,
-      "--adapter-path", adapter,
-      "--allowed-origins", "http://a.test,http://b.test",
+      "--model",
+      small,
+      "--adapter-path",
+      adapter,
+      "--allowed-origins",
+      "http://a.test,http://b.test",
       "--trust-remote-code",
-      "--log-level", "WARNING",
-      "--chat-template", TEMPLATE,
+      "--log-level",
+      "WARNING",
+      "--chat-template",
+      TEMPLATE,
       "--use-default-chat-template",
-      "--temp", "0", "--top-p", "1", "--top-k", "0", "--min-p", "0",
-      "--max-tokens", "7",
-      "--chat-template-args", '{"enable_thinking": false}',
-      "--decode-concurrency", "4", "--prompt-concurrency", "2",
-      "--prefill-step-size", "16",
-      "--prompt-cache-size", "5", "--prompt-cache-bytes", "100M",
-      "--kv-bits", "8", "--kv-group-size", "64", "--quantized-kv-start", "5000",
-      "--num-draft-tokens", "3",
+      "--temp",
+      "0",
+      "--top-p",
+      "1",
+      "--top-k",
+      "0",
+      "--min-p",
+      "0",
+      "--max-tokens",
+      "7",
+      "--chat-template-args",
+      '{"enable_thinking": false}',
+      "--decode-concurrency",
+      "4",
+      "--prompt-concurrency",
+      "2",
+      "--prefill-step-size",
+      "16",
+      "--prompt-cache-size",
+      "5",
+      "--prompt-cache-bytes",
+      "100M",
+      "--kv-bits",
+      "8",
+      "--kv-group-size",
+      "64",
+      "--quantized-kv-start",
+      "5000",
+      "--num-draft-tokens",
+      "3",
       "--pipeline",
     ];
     const theirs = await start("mlx_lm", args);
@@ -160,7 +188,16 @@ describe("mlx_lm.server's flags: same command line, same replies", () => {
 
   test("--kv-bits with a start inside the prompt: ours equals mlx_lm.generate with the full-attention caches quantized (mlx_lm.server fails there on Gemma 4)", async () => {
     const cases = join(tmp.path, "kvbits.json");
-    writeFileSync(cases, JSON.stringify([{ command: "generate", argv: ["--model", dense, "--prompt", "The sea and the wind", "--ignore-chat-template", "-m", "12", "--kv-bits", "8", "--quantized-kv-start", "4"], quantize_full_only: true }]));
+    writeFileSync(
+      cases,
+      JSON.stringify([
+        {
+          command: "generate",
+          argv: ["--model", dense, "--prompt", "The sea and the wind", "--ignore-chat-template", "-m", "12", "--kv-bits", "8", "--quantized-kv-start", "4"],
+          quantize_full_only: true,
+        },
+      ]),
+    );
     const ref = JSON.parse(runPython([join(ROOT, "apps", "mlx-bun", "test", "mlx_lm_cli.py"), cases]))[0] as { error: string | null; runs: { text: string }[] };
     expect(ref.error).toBeNull();
     const mine = await start("mlx-bun", ["--model", dense, "--kv-bits", "8", "--quantized-kv-start", "4", "--max-tokens", "12", "--decode-concurrency", "8"]);
@@ -202,8 +239,14 @@ describe("serve --prompt-cache-file and --prompt-cache-dir", () => {
     void loadPromptCache;
     // mlx_lm.generate on the same file, raw prompt (so the ids are the file's, <bos>, the text).
     const cases = join(tmp.path, "file.json");
-    writeFileSync(cases, JSON.stringify([{ command: "generate", argv: ["--prompt-cache-file", file, "--prompt", "and then", "--ignore-chat-template", "-m", "8"] }]));
-    const ref = JSON.parse(runPython([join(ROOT, "apps", "mlx-bun", "test", "mlx_lm_cli.py"), cases]))[0] as { error: string | null; runs: { prompt: number[]; text: string }[] };
+    writeFileSync(
+      cases,
+      JSON.stringify([{ command: "generate", argv: ["--prompt-cache-file", file, "--prompt", "and then", "--ignore-chat-template", "-m", "8"] }]),
+    );
+    const ref = JSON.parse(runPython([join(ROOT, "apps", "mlx-bun", "test", "mlx_lm_cli.py"), cases]))[0] as {
+      error: string | null;
+      runs: { prompt: number[]; text: string }[];
+    };
     expect(ref.error).toBeNull();
     const { Gemma4Tokenizer } = await import("@mlx-bun/models");
     const { mapSafetensors } = await import("@mlx-bun/mlx-ffi");

@@ -40,7 +40,13 @@ const Q = '<|"|>';
 const CALL = `<|tool_call>call:get_weather{city:${Q}Paris${Q},days:3}<tool_call|>`;
 const ARGS = { city: "Paris", days: 3 };
 const TOOLS: OpenAI.Responses.FunctionTool[] = [
-  { type: "function", name: "get_weather", description: "Weather for a city", parameters: { type: "object", properties: { city: { type: "string" }, days: { type: "integer" } } }, strict: false },
+  {
+    type: "function",
+    name: "get_weather",
+    description: "Weather for a city",
+    parameters: { type: "object", properties: { city: { type: "string" }, days: { type: "integer" } } },
+    strict: false,
+  },
 ];
 const CHAT_TOOLS = [{ type: "function", function: { name: "get_weather", description: "Weather for a city", parameters: TOOLS[0]!.parameters } }];
 const THINK = "<|channel>thought\nThe user greets me.<channel|>Hello!";
@@ -56,12 +62,26 @@ describe("OpenAI Responses", () => {
     expect(r.model).toBe(MODEL);
     expect(r.output_text).toBe("Hello there!");
     expect(r.output).toHaveLength(1);
-    expect(r.output[0]).toMatchObject({ type: "message", role: "assistant", status: "completed", content: [{ type: "output_text", text: "Hello there!", annotations: [] }] });
+    expect(r.output[0]).toMatchObject({
+      type: "message",
+      role: "assistant",
+      status: "completed",
+      content: [{ type: "output_text", text: "Hello there!", annotations: [] }],
+    });
     expect(r.instructions).toBe("Be brief.");
-    const ids = prompt([{ role: "system", content: "Be brief." }, { role: "user", content: "Hi" }]);
+    const ids = prompt([
+      { role: "system", content: "Be brief." },
+      { role: "user", content: "Hi" },
+    ]);
     expect(sink.seen.at(-1)!.promptIds).toEqual(ids);
     const n = engine.loaded.tokenizer.encode("Hello there!", { addSpecialTokens: false }).length + 1;
-    expect(r.usage).toEqual({ input_tokens: ids.length, input_tokens_details: { cached_tokens: 0 }, output_tokens: n, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: ids.length + n });
+    expect(r.usage).toEqual({
+      input_tokens: ids.length,
+      input_tokens_details: { cached_tokens: 0 },
+      output_tokens: n,
+      output_tokens_details: { reasoning_tokens: 0 },
+      total_tokens: ids.length + n,
+    });
   });
 
   test("streaming: events in order, accumulated by the SDK's ResponseStream", async () => {
@@ -112,7 +132,12 @@ describe("OpenAI Responses", () => {
     const s = client.responses.stream({ model: MODEL, input: "Hi" });
     s.on("event", (ev) => types.push(ev.type));
     const final = await s.finalResponse();
-    const shape = (o: OpenAI.Responses.ResponseOutputItem) => (o.type === "message" ? [o.type, o.content.map((c) => (c.type === "output_text" ? c.text : c.type))] : o.type === "reasoning" ? [o.type, o.summary, o.content] : [o.type]);
+    const shape = (o: OpenAI.Responses.ResponseOutputItem) =>
+      o.type === "message"
+        ? [o.type, o.content.map((c) => (c.type === "output_text" ? c.text : c.type))]
+        : o.type === "reasoning"
+          ? [o.type, o.summary, o.content]
+          : [o.type];
     expect(final.output.map(shape)).toEqual(r.output.map(shape));
     expect(types).toContain("response.reasoning_text.delta");
     expect(types).toContain("response.reasoning_text.done");
@@ -151,13 +176,22 @@ describe("OpenAI Responses", () => {
 
     // The tool result, continuing the first response.
     sink.scripts.push("It is sunny.");
-    const r2 = await client.responses.create({ model: MODEL, previous_response_id: r.id, tools: TOOLS, input: [{ type: "function_call_output", call_id: call.call_id, output: '{"temperature": 21}' }] });
+    const r2 = await client.responses.create({
+      model: MODEL,
+      previous_response_id: r.id,
+      tools: TOOLS,
+      input: [{ type: "function_call_output", call_id: call.call_id, output: '{"temperature": 21}' }],
+    });
     expect(r2.output_text).toBe("It is sunny.");
     expect(r2.previous_response_id).toBe(r.id);
     const expected = prompt(
       [
         { role: "user", content: "Weather in Paris?" },
-        { role: "assistant", content: "Let me check.", tool_calls: [{ id: call.call_id, type: "function", function: { name: "get_weather", arguments: ARGS } }] },
+        {
+          role: "assistant",
+          content: "Let me check.",
+          tool_calls: [{ id: call.call_id, type: "function", function: { name: "get_weather", arguments: ARGS } }],
+        },
         { role: "tool", tool_call_id: call.call_id, name: "get_weather", content: '{"temperature": 21}' },
       ],
       CHAT_TOOLS,
@@ -199,7 +233,12 @@ describe("OpenAI Responses", () => {
       ]),
     );
     sink.scripts.push("Bye.");
-    await client.responses.create({ model: MODEL, input: [{ role: "user", content: [{ type: "input_text", text: "Bye" }] }], previous_response_id: r2.id, instructions: "Be nice." });
+    await client.responses.create({
+      model: MODEL,
+      input: [{ role: "user", content: [{ type: "input_text", text: "Bye" }] }],
+      previous_response_id: r2.id,
+      instructions: "Be nice.",
+    });
     expect(sink.seen.at(-1)!.promptIds).toEqual(
       prompt([
         { role: "system", content: "Be nice." },
@@ -260,7 +299,11 @@ describe("OpenAI Responses", () => {
       [{ input: "Hi", include: ["reasoning.encrypted_content"] }, "include", "unsupported_parameter"],
     ];
     for (const [body, param, code] of cases) {
-      const res = await fetch(`${srv.url}/v1/responses`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: MODEL, ...body }) });
+      const res = await fetch(`${srv.url}/v1/responses`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: MODEL, ...body }),
+      });
       const j = (await res.json()) as { error: { param: string; code: string; type: string; message: string } };
       expect(j.error, JSON.stringify(body)).toBeTruthy();
       expect([res.status, j.error.param, j.error.code, j.error.type], JSON.stringify(body)).toEqual([400, param, code, "invalid_request_error"]);

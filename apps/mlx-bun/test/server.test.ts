@@ -45,7 +45,14 @@ type Lp = { content: { id: number; token: string; logprob: number; top_logprobs:
 const ids = (choice: { logprobs?: unknown }) => ((choice.logprobs as Lp | null)?.content ?? []).map((e) => e.id);
 
 async function chatIds(content: string, maxTokens: number, extra: Record<string, unknown> = {}) {
-  const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content }], max_tokens: maxTokens, temperature: 0, logprobs: true, ...extra } as never);
+  const r = await client.chat.completions.create({
+    model: MODEL,
+    messages: [{ role: "user", content }],
+    max_tokens: maxTokens,
+    temperature: 0,
+    logprobs: true,
+    ...extra,
+  } as never);
   const c = (r as OpenAI.ChatCompletion).choices[0]!;
   return { ids: ids(c), text: c.message.content ?? "", finish: c.finish_reason, usage: (r as OpenAI.ChatCompletion).usage! };
 }
@@ -150,7 +157,12 @@ describe("endpoints", () => {
     const stop = g.text.slice(at, at + 2);
     expect(stop.length).toBe(2);
     const want = g.text.slice(0, g.text.indexOf(stop));
-    const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "hello there" }], max_tokens: 24, stop: [stop, "never-appears"] });
+    const r = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: "user", content: "hello there" }],
+      max_tokens: 24,
+      stop: [stop, "never-appears"],
+    });
     expect(r.choices[0]!.message.content ?? "").toBe(want);
     expect(r.choices[0]!.finish_reason).toBe("stop");
     const s = await client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "hello there" }], max_tokens: 24, stop, stream: true });
@@ -165,7 +177,13 @@ describe("endpoints", () => {
   });
 
   test("logprobs: the chosen token's and the top alternatives, greedy picks the top one", async () => {
-    const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "hi" }], max_tokens: 8, logprobs: true, top_logprobs: 3 });
+    const r = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: "user", content: "hi" }],
+      max_tokens: 8,
+      logprobs: true,
+      top_logprobs: 3,
+    });
     const lp = r.choices[0]!.logprobs as unknown as Lp;
     expect(lp.content).toHaveLength(r.usage!.completion_tokens);
     for (const e of lp.content) {
@@ -187,19 +205,30 @@ describe("endpoints", () => {
 
   test("tools and chat_template_kwargs reach the chat template", async () => {
     const messages = [{ role: "user" as const, content: "what is the weather?" }];
-    const tools = [{ type: "function" as const, function: { name: "get_weather", description: "Weather of a city", parameters: { type: "object", properties: { city: { type: "string" } } } } }];
+    const tools = [
+      {
+        type: "function" as const,
+        function: { name: "get_weather", description: "Weather of a city", parameters: { type: "object", properties: { city: { type: "string" } } } },
+      },
+    ];
     const plain = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 2 });
     const withTools = await client.chat.completions.create({ model: MODEL, messages, tools, max_tokens: 2 });
     expect(withTools.usage!.prompt_tokens).toBe(chatPromptIds(engine.loaded, messages, { tools }).length);
     expect(withTools.usage!.prompt_tokens).toBeGreaterThan(plain.usage!.prompt_tokens);
-    const noThinking = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 2, chat_template_kwargs: { enable_thinking: false } } as never);
-    expect((noThinking as OpenAI.ChatCompletion).usage!.prompt_tokens).toBe(chatPromptIds(engine.loaded, messages, { kwargs: { enable_thinking: false } }).length);
+    const noThinking = await client.chat.completions.create({
+      model: MODEL,
+      messages,
+      max_tokens: 2,
+      chat_template_kwargs: { enable_thinking: false },
+    } as never);
+    expect((noThinking as OpenAI.ChatCompletion).usage!.prompt_tokens).toBe(
+      chatPromptIds(engine.loaded, messages, { kwargs: { enable_thinking: false } }).length,
+    );
     expect((noThinking as OpenAI.ChatCompletion).usage!.prompt_tokens).toBeLessThan(plain.usage!.prompt_tokens);
   });
 
   test("a seed reproduces sampled output; other seeds differ", async () => {
-    const sample = async (seed: number) =>
-      (await chatIds("write something", 16, { temperature: 1.0, seed })).ids;
+    const sample = async (seed: number) => (await chatIds("write something", 16, { temperature: 1.0, seed })).ids;
     const a = await sample(7);
     const b = await sample(7);
     expect(b).toEqual(a);
@@ -249,7 +278,14 @@ describe("n > 1 and XTC", () => {
   test("greedy n > 1 gives n identical choices (through the openai client)", async () => {
     const one = await chatIds("write a poem", 12);
     const steps0 = scheduler.stats.decodeSteps;
-    const r = await client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "write a poem" }], max_tokens: 12, temperature: 0, n: 4, logprobs: true });
+    const r = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: "user", content: "write a poem" }],
+      max_tokens: 12,
+      temperature: 0,
+      n: 4,
+      logprobs: true,
+    });
     expect(r.choices).toHaveLength(4);
     for (const c of r.choices) expect(ids(c)).toEqual(one.ids);
     expect(r.usage!.completion_tokens).toBe(4 * one.ids.length);
@@ -259,7 +295,14 @@ describe("n > 1 and XTC", () => {
 
   test("chat, streamed: every chunk names its choice; each choice streams its whole answer and one finish", async () => {
     const whole = await chat({ n: 3, temperature: 1, seed: 11 });
-    const chunks = await sse("/v1/chat/completions", { messages: msgs, max_tokens: 12, n: 3, temperature: 1, seed: 11, stream_options: { include_usage: true } });
+    const chunks = await sse("/v1/chat/completions", {
+      messages: msgs,
+      max_tokens: 12,
+      n: 3,
+      temperature: 1,
+      seed: 11,
+      stream_options: { include_usage: true },
+    });
     const text = ["", "", ""];
     const finishes: string[][] = [[], [], []];
     for (const c of chunks.slice(0, -1)) {
@@ -313,7 +356,11 @@ describe("greedy parity", () => {
     ];
     const casesFile = join(tmp.path, "cases.json");
     writeFileSync(casesFile, JSON.stringify(cases.map((c) => ({ ...c, max_tokens: N }))));
-    const ref = JSON.parse(runPython([join(import.meta.dirname, "mlx_lm_generate.py"), dir, casesFile])) as { prompt_ids: number[]; generated_ids: number[]; text: string }[];
+    const ref = JSON.parse(runPython([join(import.meta.dirname, "mlx_lm_generate.py"), dir, casesFile])) as {
+      prompt_ids: number[];
+      generated_ids: number[];
+      text: string;
+    }[];
     for (const [i, c] of cases.entries()) {
       const args = ["generate", "--json", "--model", dir, "--prompt", c.prompt, "--max-tokens", String(N), "--temp", "0"];
       if (c.system_prompt) args.push("--system-prompt", c.system_prompt);
@@ -329,7 +376,10 @@ describe("greedy parity", () => {
       expect(out.text).toBe(ref[i]!.text);
       expect(Object.keys(out.timings)).toEqual(expect.arrayContaining(["prompt_tps", "generation_tps", "ttft_s"]));
 
-      const ours = generatePromptIds(engine.loaded, c.prompt, { ignoreChatTemplate: c.ignore_chat_template, ...(c.system_prompt ? { systemPrompt: c.system_prompt } : {}) });
+      const ours = generatePromptIds(engine.loaded, c.prompt, {
+        ignoreChatTemplate: c.ignore_chat_template,
+        ...(c.system_prompt ? { systemPrompt: c.system_prompt } : {}),
+      });
       expect(ours).toEqual(ref[i]!.prompt_ids);
       let served: number[];
       let text: string;
@@ -363,8 +413,26 @@ describe("greedy parity", () => {
   test("seeded XTC: mlx-bun generate --xtc-probability/--xtc-threshold = mlx_lm.generate with the same command line", async () => {
     // mlx_lm.generate seeds before building the model, whose initializers draw from the same global
     // random state; mlx-bun skips as many keys (test/mlx-lm-flags.test.ts checks the count).
-    const runs = [["0.5", "0.004"], ["1", "0.01"]] as const;
-    const argv = (p: string, t: string) => ["--model", dir, "--prompt", "hello there", "--max-tokens", "16", "--temp", "1", "--seed", "3", "--xtc-probability", p, "--xtc-threshold", t];
+    const runs = [
+      ["0.5", "0.004"],
+      ["1", "0.01"],
+    ] as const;
+    const argv = (p: string, t: string) => [
+      "--model",
+      dir,
+      "--prompt",
+      "hello there",
+      "--max-tokens",
+      "16",
+      "--temp",
+      "1",
+      "--seed",
+      "3",
+      "--xtc-probability",
+      p,
+      "--xtc-threshold",
+      t,
+    ];
     const casesFile = join(tmp.path, "xtc-cases.json");
     writeFileSync(casesFile, JSON.stringify(runs.map(([p, t]) => ({ command: "generate", argv: argv(p, t) }))));
     const refs = JSON.parse(runPython([join(import.meta.dirname, "mlx_lm_cli.py"), casesFile])) as { error: string | null; runs: { tokens: number[] }[] }[];
@@ -407,13 +475,17 @@ describe("continuous batching", () => {
   test("clients that disconnect mid-stream are cancelled and the others are undisturbed", async () => {
     expect(solo).toHaveLength(16);
     let rnd = 12345;
-    const rand = () => ((rnd = (rnd * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    const rand = () => (rnd = (rnd * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
     const plan = PROMPTS.map(() => (rand() < 0.5 ? 1 + Math.floor(rand() * 3) : 0)); // chunks to read before hanging up (0 = read all)
     if (!plan.some((k) => k > 0)) plan[0] = 1;
     const results = await Promise.all(
       PROMPTS.map(async (p, i) => {
         const ac = new AbortController();
-        const res = await post("/v1/chat/completions", { model: MODEL, messages: [{ role: "user", content: p.content }], max_tokens: p.maxTokens, stream: true, logprobs: true }, { signal: ac.signal });
+        const res = await post(
+          "/v1/chat/completions",
+          { model: MODEL, messages: [{ role: "user", content: p.content }], max_tokens: p.maxTokens, stream: true, logprobs: true },
+          { signal: ac.signal },
+        );
         expect(res.status).toBe(200);
         const reader = res.body!.getReader();
         const dec = new TextDecoder();
@@ -464,7 +536,11 @@ describe("cancellation", () => {
     test(`a client that hangs up stops its request at once (${stream ? "streamed" : "not streamed"})`, async () => {
       const ac = new AbortController();
       const t0 = performance.now();
-      const pending = post("/v1/chat/completions", { model: MODEL, messages: [{ role: "user", content: "go on and on" }], max_tokens: 3000, stream }, { signal: ac.signal });
+      const pending = post(
+        "/v1/chat/completions",
+        { model: MODEL, messages: [{ role: "user", content: "go on and on" }], max_tokens: 3000, stream },
+        { signal: ac.signal },
+      );
       if (stream) {
         const res = await pending;
         await res.body!.getReader().read();
@@ -498,11 +574,21 @@ describe("bad requests", () => {
       ["max_tokens -1 (completions)", () => post("/v1/completions", { prompt: "hi", max_tokens: -1 }), 400, "invalid_value"],
       ["temperature as a string", () => post("/v1/completions", { prompt: "hi", temperature: "hot" }), 400, "invalid_type"],
       ["no messages", () => post("/v1/chat/completions", { model: MODEL }), 400, "missing_required_parameter"],
-      ["an image part", () => post("/v1/chat/completions", { messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }), 400, "unsupported_parameter"],
+      [
+        "an image part",
+        () => post("/v1/chat/completions", { messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }),
+        400,
+        "unsupported_parameter",
+      ],
       ["logit_bias outside the vocabulary", () => post("/v1/chat/completions", chat({ logit_bias: { "99999999": 1 } })), 400, "invalid_value"],
       ["an unknown model", () => post("/v1/chat/completions", chat({ model: "gpt-4o" })), 404, "model_not_found"],
       ["a prompt longer than the context", () => post("/v1/chat/completions", { messages: [{ role: "user", content: long }] }), 400, "context_length_exceeded"],
-      ["a token prompt longer than the context", () => post("/v1/completions", { prompt: new Array(ctx).fill(5), max_tokens: 1 }), 400, "context_length_exceeded"],
+      [
+        "a token prompt longer than the context",
+        () => post("/v1/completions", { prompt: new Array(ctx).fill(5), max_tokens: 1 }),
+        400,
+        "context_length_exceeded",
+      ],
       ["a body over the limit", () => post("/v1/completions", { prompt: "x".repeat(MAX_BODY + 10) }), 413, "request_too_large"],
       ["an unknown endpoint", () => post("/v1/embeddings", { input: "x" }), 404, "not_found"],
       ["GET on a POST endpoint", () => fetch(`${srv.url}/v1/chat/completions`), 405, "method_not_allowed"],
@@ -528,7 +614,9 @@ describe("bad requests", () => {
 
   test("the openai client sees typed errors; the API key works through it; /health needs no key", async () => {
     await expect(client.chat.completions.create({ model: "gpt-4o", messages: [{ role: "user", content: "hi" }] })).rejects.toBeInstanceOf(OpenAI.NotFoundError);
-    await expect(client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "hi" }], max_tokens: 0 })).rejects.toBeInstanceOf(OpenAI.BadRequestError);
+    await expect(client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "hi" }], max_tokens: 0 })).rejects.toBeInstanceOf(
+      OpenAI.BadRequestError,
+    );
     const noKey = new OpenAI({ baseURL: `${keyed.url}/v1`, apiKey: "sk-wrong", maxRetries: 0 });
     await expect(noKey.models.list()).rejects.toBeInstanceOf(OpenAI.AuthenticationError);
     const withKey = new OpenAI({ baseURL: `${keyed.url}/v1`, apiKey: "sk-test-123", maxRetries: 0 });
@@ -537,7 +625,10 @@ describe("bad requests", () => {
     expect((await fetch(`${keyed.url}/health`)).status).toBe(200);
     // CORS is off by default (--allowed-origins): another origin's preflight is refused
     // (robustness.test.ts covers allowed origins and the Host check).
-    const pre = await fetch(`${srv.url}/v1/chat/completions`, { method: "OPTIONS", headers: { Origin: "http://example.test", "Access-Control-Request-Method": "POST" } });
+    const pre = await fetch(`${srv.url}/v1/chat/completions`, {
+      method: "OPTIONS",
+      headers: { Origin: "http://example.test", "Access-Control-Request-Method": "POST" },
+    });
     expect(pre.status).toBe(403);
     expect(pre.headers.get("access-control-allow-origin")).toBeNull();
   });
@@ -591,7 +682,9 @@ describe("memory", () => {
           return;
         }
         default:
-          await (await post("/v1/chat/completions", { messages: msg, max_tokens: 4, temperature: 1, top_k: 5, top_p: 0.9, min_p: 0.05, repetition_penalty: 1.2 })).json();
+          await (
+            await post("/v1/chat/completions", { messages: msg, max_tokens: 4, temperature: 1, top_k: 5, top_p: 0.9, min_p: 0.05, repetition_penalty: 1.2 })
+          ).json();
           kinds.ok++;
       }
     };

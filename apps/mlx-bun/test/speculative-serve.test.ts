@@ -90,7 +90,13 @@ describe("serve --draft-model", () => {
     const res = await fetch(`${url}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ prompt: "the quick brown fox jumps over the lazy dog and the model thinks", max_tokens: 16, temperature: 0, stream: true, stream_options: { include_usage: true } }),
+      body: JSON.stringify({
+        prompt: "the quick brown fox jumps over the lazy dog and the model thinks",
+        max_tokens: 16,
+        temperature: 0,
+        stream: true,
+        stream_options: { include_usage: true },
+      }),
     });
     let text = "";
     let usage: Usage | undefined;
@@ -103,7 +109,10 @@ describe("serve --draft-model", () => {
     expect(text).toBe(plain.text);
     expect(usage!.speculative).toEqual(s);
 
-    const h = (await (await fetch(`${url}/health`)).json()) as { draft_model: string; speculative: { requests: number; drafted_tokens: number; accepted_tokens: number; acceptance_rate: number } };
+    const h = (await (await fetch(`${url}/health`)).json()) as {
+      draft_model: string;
+      speculative: { requests: number; drafted_tokens: number; accepted_tokens: number; acceptance_rate: number };
+    };
     expect(h.draft_model).toContain("draft");
     expect(h.speculative.requests).toBe(3);
     expect(h.speculative.drafted_tokens).toBe(2 * s.drafted_tokens + o.drafted_tokens);

@@ -137,7 +137,9 @@ describe("bad requests", () => {
     expect(e.message).toContain("uniqueItems");
     expect(e.message).toContain("/properties/tags/uniqueItems");
     // the openai client raises it as a BadRequestError
-    await expect(client.chat.completions.create({ model: MODEL, messages, response_format: jsonSchema({ type: "string", format: "ipv6" }) as never })).rejects.toMatchObject({ status: 400 });
+    await expect(
+      client.chat.completions.create({ model: MODEL, messages, response_format: jsonSchema({ type: "string", format: "ipv6" }) as never }),
+    ).rejects.toMatchObject({ status: 400 });
   });
 
   test("a schema that aborts XGrammar's converter is a 400, and the next request works", async () => {
@@ -172,7 +174,15 @@ describe("bad requests", () => {
     const e = await error("/v1/chat/completions", { model: MODEL, messages, tools, response_format: { type: "json_object" } });
     expect(e.status).toBe(400);
     expect(e.param).toBe("response_format");
-    const ok = await post("/v1/chat/completions", { model: MODEL, messages, tools, tool_choice: "none", max_tokens: 200, temperature: 0, response_format: jsonSchema() });
+    const ok = await post("/v1/chat/completions", {
+      model: MODEL,
+      messages,
+      tools,
+      tool_choice: "none",
+      max_tokens: 200,
+      temperature: 0,
+      response_format: jsonSchema(),
+    });
     expect(ok.status).toBe(200);
   });
 

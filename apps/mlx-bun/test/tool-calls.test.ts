@@ -75,7 +75,11 @@ const TOOLS: OpenAI.ChatCompletionTool[] = [
     function: {
       name: "get_weather",
       description: "Weather for a city",
-      parameters: { type: "object", properties: { city: { type: "string" }, days: { type: "integer" }, metric: { type: "boolean" }, hours: { type: "array", items: { type: "number" } } }, required: ["city"] },
+      parameters: {
+        type: "object",
+        properties: { city: { type: "string" }, days: { type: "integer" }, metric: { type: "boolean" }, hours: { type: "array", items: { type: "number" } } },
+        required: ["city"],
+      },
     },
   },
 ];
@@ -148,7 +152,13 @@ describe("tool calls and thinking (Gemma 4 markup) through the server", () => {
     expect(m.reasoning).toBe(m.reasoning_content);
     expect(r.choices[0]!.finish_reason).toBe("stop");
     scripts.push(out);
-    const stream = await client.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "Hi" }], max_tokens: 100, temperature: 0, stream: true });
+    const stream = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 100,
+      temperature: 0,
+      stream: true,
+    });
     let content = "";
     let reasoning = "";
     for await (const chunk of stream) {
@@ -164,7 +174,15 @@ describe("tool calls and thinking (Gemma 4 markup) through the server", () => {
     const tok = engine.loaded.tokenizer;
     const open = tok.tokenToId("<|tool_call>")!;
     // A strong bias would make the model open a tool call at once; tool_choice none forbids it.
-    const biased = { model: MODEL, messages: [{ role: "user" as const, content: "Hi" }], tools: TOOLS, max_tokens: 4, temperature: 0, logit_bias: { [open]: 100 }, logprobs: true };
+    const biased = {
+      model: MODEL,
+      messages: [{ role: "user" as const, content: "Hi" }],
+      tools: TOOLS,
+      max_tokens: 4,
+      temperature: 0,
+      logit_bias: { [open]: 100 },
+      logprobs: true,
+    };
     const auto = await client.chat.completions.create(biased);
     expect(auto.choices[0]!.logprobs!.content![0]!.token).toBe("<|tool_call>");
     const none = await client.chat.completions.create({ ...biased, tool_choice: "none" });

@@ -149,7 +149,21 @@ describe("messages", () => {
     expectError(() => parseChatRequest({ messages: ["hi"] }, ctx), 400, "messages[0]", "invalid_type");
     expectError(() => parseChatRequest({ messages: [{ content: "hi" }] }, ctx), 400, "messages[0].role", "invalid_type");
     expectError(() => parseChatRequest({ messages: [{ role: "", content: "hi" }] }, ctx), 400, "messages[0].role", "invalid_value");
-    expectError(() => parseChatRequest({ messages: [{ role: "user", content: "a" }, { role: "user", content: 5 }] }, ctx), 400, "messages[1].content", "invalid_type");
+    expectError(
+      () =>
+        parseChatRequest(
+          {
+            messages: [
+              { role: "user", content: "a" },
+              { role: "user", content: 5 },
+            ],
+          },
+          ctx,
+        ),
+      400,
+      "messages[1].content",
+      "invalid_type",
+    );
   });
   test("only text content parts", () => {
     const img = { role: "user", content: [{ type: "image_url", image_url: { url: "data:," } }] };
@@ -160,7 +174,13 @@ describe("messages", () => {
     const p = parseChatRequest(
       {
         messages: [
-          { role: "user", content: [{ type: "text", text: "a" }, { type: "text", text: "b" }] },
+          {
+            role: "user",
+            content: [
+              { type: "text", text: "a" },
+              { type: "text", text: "b" },
+            ],
+          },
           { role: "assistant", content: null, tool_calls: [{ type: "function", function: { name: "f", arguments: '{"x": 1}' } }] },
         ],
       },

@@ -19,7 +19,10 @@ beforeAll(async () => {
   theirs = join(tmp.path, "theirs.safetensors");
   const r = await runCli(["cache-prompt", "--model", model, "--prompt", "a prompt to keep", "--prompt-cache-file", ours]);
   expect(r.code, r.stderr).toBe(0);
-  execFileSync(oraclePython(), ["-m", "mlx_lm", "cache_prompt", "--model", model, "--prompt", "a prompt to keep", "--prompt-cache-file", theirs], { cwd: ROOT, stdio: "ignore" });
+  execFileSync(oraclePython(), ["-m", "mlx_lm", "cache_prompt", "--model", model, "--prompt", "a prompt to keep", "--prompt-cache-file", theirs], {
+    cwd: ROOT,
+    stdio: "ignore",
+  });
 }, 120_000);
 afterAll(() => tmp?.cleanup());
 

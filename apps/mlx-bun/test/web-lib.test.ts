@@ -70,7 +70,8 @@ describe("SseParser", () => {
   });
 
   test("readChatStream: chunks in order, stops at [DONE], multi-byte text split across reads", async () => {
-    const text = 'data: {"choices":[{"delta":{"content":"héllo ✓"}}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\ndata: {"late":1}\n\n';
+    const text =
+      'data: {"choices":[{"delta":{"content":"héllo ✓"}}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\ndata: {"late":1}\n\n';
     const bytes = new TextEncoder().encode(text);
     const body = new ReadableStream<Uint8Array>({
       start(c) {
@@ -85,7 +86,9 @@ describe("SseParser", () => {
 });
 
 describe("ReplyAccumulator", () => {
-  const delta = (d: Record<string, unknown>, finish: string | null = null): ChatChunk => ({ choices: [{ index: 0, delta: d as never, finish_reason: finish }] });
+  const delta = (d: Record<string, unknown>, finish: string | null = null): ChatChunk => ({
+    choices: [{ index: 0, delta: d as never, finish_reason: finish }],
+  });
 
   test("reasoning (mlx-bun sends reasoning_content and reasoning, the same text: counted once), then text; usage with cached tokens; stats", () => {
     const a = new ReplyAccumulator(1000);
@@ -121,7 +124,15 @@ describe("ReplyAccumulator", () => {
 
     const b = new ReplyAccumulator(0);
     b.apply(delta({ tool_calls: [{ index: 0, id: "a", function: { name: "f", arguments: "" } }] }), 1);
-    b.apply(delta({ tool_calls: [{ index: 0, function: { arguments: '{"x":' } }, { index: 1, id: "b", function: { name: "g", arguments: "{}" } }] }), 2);
+    b.apply(
+      delta({
+        tool_calls: [
+          { index: 0, function: { arguments: '{"x":' } },
+          { index: 1, id: "b", function: { name: "g", arguments: "{}" } },
+        ],
+      }),
+      2,
+    );
     b.apply(delta({ tool_calls: [{ index: 0, function: { arguments: "1}" } }] }), 3);
     expect(b.toolCalls.map((t) => [t.id, t.name, t.arguments])).toEqual([
       ["a", "f", '{"x":1}'],
@@ -141,7 +152,20 @@ describe("ReplyAccumulator", () => {
 });
 
 describe("settings: the server's rules, checked before sending", () => {
-  const all = { temperature: "0.7", topP: "0.9", topK: "40", minP: "0.05", seed: "-3", maxTokens: "256", repetitionPenalty: "1.1", repetitionContextSize: "64", presencePenalty: "-0.5", frequencyPenalty: "0.25", xtcProbability: "0.5", xtcThreshold: "0.1" };
+  const all = {
+    temperature: "0.7",
+    topP: "0.9",
+    topK: "40",
+    minP: "0.05",
+    seed: "-3",
+    maxTokens: "256",
+    repetitionPenalty: "1.1",
+    repetitionContextSize: "64",
+    presencePenalty: "-0.5",
+    frequencyPenalty: "0.25",
+    xtcProbability: "0.5",
+    xtcThreshold: "0.1",
+  };
 
   test("valid values become the request's fields under the server's names; empty is the server's default", () => {
     const { settings, errors } = checkSettings(all, { stop: "END\n\n###\n", systemPrompt: "be brief" });
@@ -366,7 +390,11 @@ describe("export and import", () => {
     const file = exportJson([...list, conv("empty")], new Date("2026-01-02T03:04:05Z"));
     const parsed = JSON.parse(file);
     expect([parsed.format, parsed.version, parsed.exported]).toEqual(["mlx-bun.chat", 2, "2026-01-02T03:04:05.000Z"]);
-    expect(parseImport(file).map((c) => c.id).sort()).toEqual(["a", "b"]);
+    expect(
+      parseImport(file)
+        .map((c) => c.id)
+        .sort(),
+    ).toEqual(["a", "b"]);
     expect(parseImport(file).find((c) => c.id === "a")).toEqual(list[0]);
     expect(parseImport(JSON.stringify(list))).toHaveLength(2);
     expect(parseImport(JSON.stringify(list[0]))).toEqual([list[0]]);
@@ -375,7 +403,9 @@ describe("export and import", () => {
   test("a file that is not an export is refused with a reason", () => {
     expect(() => parseImport("nope")).toThrow("the file is not JSON");
     expect(() => parseImport('{"hello": 1}')).toThrow("the file holds no conversations");
-    expect(() => parseImport('{"conversations": [{"id": "x", "messages": [{"role": "evil", "content": "x"}]}]}')).toThrow("none of the file's conversations could be read");
+    expect(() => parseImport('{"conversations": [{"id": "x", "messages": [{"role": "evil", "content": "x"}]}]}')).toThrow(
+      "none of the file's conversations could be read",
+    );
   });
 
   test("merging: the same conversation is skipped, a different one with a taken id is added as a copy", () => {

@@ -166,7 +166,10 @@ describe("serving the page", () => {
     const hint = "web/dist is missing or stale: run `bash tools/setup.sh` (or `.native/bin/bun apps/mlx-bun/web/build.ts`)";
     expect(existsSync(join(DEFAULT_WEB_DIR, "index.html")), hint).toBe(true);
     const files = listFiles(webDir);
-    expect(listFiles(DEFAULT_WEB_DIR).filter((f) => !f.startsWith(".")), hint).toEqual(files);
+    expect(
+      listFiles(DEFAULT_WEB_DIR).filter((f) => !f.startsWith(".")),
+      hint,
+    ).toEqual(files);
     for (const f of files) expect(readFileSync(join(DEFAULT_WEB_DIR, f)).equals(readFileSync(join(webDir, f))), `${hint} (${f} differs)`).toBe(true);
   });
 });
@@ -176,14 +179,24 @@ const VIEWPORTS = [
   { name: "1280x900", width: 1280, height: 900, narrow: false },
 ] as const;
 
-const FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"];
+const FLAGS = [
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+];
 
 let browser: Browser;
 
 describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
   beforeAll(async () => {
     if (!existsSync(CHROMIUM)) {
-      throw new Error(`Chromium not found at ${CHROMIUM}: install it (apt-get install -y chromium, as .ci/run does), or set MLX_BUN_SKIP_BROWSER=1 to skip the browser tests`);
+      throw new Error(
+        `Chromium not found at ${CHROMIUM}: install it (apt-get install -y chromium, as .ci/run does), or set MLX_BUN_SKIP_BROWSER=1 to skip the browser tests`,
+      );
     }
     mkdirSync(SHOTS, { recursive: true });
     writeFileSync(join(SHOTS, ".gitignore"), "*\n");
@@ -239,7 +252,8 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
       await page.reload();
       await ready();
     };
-    const waitReplyDone = () => page.waitForFunction(() => [...document.querySelectorAll(".message-assistant")].at(-1)?.getAttribute("aria-busy") === "false", null, { timeout: 30_000 });
+    const waitReplyDone = () =>
+      page.waitForFunction(() => [...document.querySelectorAll(".message-assistant")].at(-1)?.getAttribute("aria-busy") === "false", null, { timeout: 30_000 });
     /** The settings panel open (true) or closed. */
     const settingsPanel = async (open: boolean) => {
       if ((await page.getAttribute("#toggle-settings", "aria-expanded")) !== String(open)) await page.click(open ? "#toggle-settings" : "#close-settings");
@@ -264,7 +278,8 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
       const box = await page.locator(selector).boundingBox();
       return !!box && box.x >= 0 && box.y >= 0 && box.x + box.width <= vp.width + 0.5 && box.y + box.height <= vp.height + 0.5;
     };
-    const noHorizontalScroll = () => page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth && document.body.scrollWidth <= window.innerWidth);
+    const noHorizontalScroll = () =>
+      page.evaluate(() => document.documentElement.scrollWidth <= window.innerWidth && document.body.scrollWidth <= window.innerWidth);
     const openConversationNamed = async (name: RegExp) => {
       if (vp.narrow) await sidebar(true);
       await page.getByRole("button", { name }).click();
@@ -326,7 +341,24 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
       await settingsPanel(true);
       const controls = await page.locator("#settings-panel input, #settings-panel textarea, #settings-panel button").evaluateAll((els) => els.map((e) => e.id));
       expect(controls).toEqual(
-        expect.arrayContaining(["temperature", "top-p", "top-k", "min-p", "seed", "max-tokens", "repetition-penalty", "presence-penalty", "frequency-penalty", "penalty-context", "xtc-probability", "xtc-threshold", "stop-sequences", "system-prompt", "api-key", "reset-settings"]),
+        expect.arrayContaining([
+          "temperature",
+          "top-p",
+          "top-k",
+          "min-p",
+          "seed",
+          "max-tokens",
+          "repetition-penalty",
+          "presence-penalty",
+          "frequency-penalty",
+          "penalty-context",
+          "xtc-probability",
+          "xtc-threshold",
+          "stop-sequences",
+          "system-prompt",
+          "api-key",
+          "reset-settings",
+        ]),
       );
       await shot("03-settings");
       for (const id of controls) {
@@ -503,7 +535,19 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
       for (const [, [api, , v]] of Object.entries(values)) expect(body[api], api).toBe(v);
       expect(body.stop).toEqual(["END", "STOP HERE"]);
       const req = seen.at(-1)!;
-      expect(req.sampling).toMatchObject({ temperature: 0.7, topP: 0.9, topK: 40, minP: 0.05, seed: 1234, repetitionPenalty: 1.1, presencePenalty: 0.5, frequencyPenalty: -0.25, penaltyContext: 32, xtcProbability: 0.5, xtcThreshold: 0.2 });
+      expect(req.sampling).toMatchObject({
+        temperature: 0.7,
+        topP: 0.9,
+        topK: 40,
+        minP: 0.05,
+        seed: 1234,
+        repetitionPenalty: 1.1,
+        presencePenalty: 0.5,
+        frequencyPenalty: -0.25,
+        penaltyContext: 32,
+        xtcProbability: 0.5,
+        xtcThreshold: 0.2,
+      });
       expect(await lastReply().locator(".message-stats").textContent()).toMatch(/· (hit max tokens|finished)$/);
       expect(await page.isHidden("#error")).toBe(true);
       await settingsPanel(true);
@@ -649,7 +693,9 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
       expect(dom.pwned).toBeNull();
       // The code block's own Copy button copies the code alone.
       await content.getByRole("button", { name: "Copy code (python)" }).click();
-      expect(await page.evaluate(() => navigator.clipboard.readText())).toBe('def square(x):\n    # the square\n    return x ** 2  # "<script>alert(1)</script>"\n');
+      expect(await page.evaluate(() => navigator.clipboard.readText())).toBe(
+        'def square(x):\n    # the square\n    return x ** 2  # "<script>alert(1)</script>"\n',
+      );
       await content.locator(".code-block").scrollIntoViewIfNeeded();
       await shot("12-code-and-math");
     });
@@ -677,7 +723,13 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
             updated: Date.now(),
             messages: [
               { role: "user", content: "<b>not bold</b> <img src=x onerror=alert(5)>" },
-              { role: "assistant", content: reply, reasoning: "<img src=x onerror=alert(6)> **thinking**", toolCalls: [{ id: "<b>", type: "function", name: "<img src=x onerror=alert(7)>", arguments: "<script>alert(8)</script>" }], stats: { ttftMs: 12, tokens: 40, tps: 99.5, finish: "stop" } },
+              {
+                role: "assistant",
+                content: reply,
+                reasoning: "<img src=x onerror=alert(6)> **thinking**",
+                toolCalls: [{ id: "<b>", type: "function", name: "<img src=x onerror=alert(7)>", arguments: "<script>alert(8)</script>" }],
+                stats: { ttftMs: 12, tokens: 40, tps: 99.5, finish: "stop" },
+              },
             ],
           });
           localStorage.setItem(key, JSON.stringify(list));
@@ -741,7 +793,13 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
           const a = [...document.querySelectorAll(".message-assistant")].at(-1);
           const d = a?.querySelector(".reasoning");
           if (a?.getAttribute("aria-busy") === "false") return { busy: "false" };
-          if (d && !d.hidden) return { busy: a.getAttribute("aria-busy"), open: d.open, summary: a.querySelector(".reasoning-summary").textContent, answer: a.querySelector(".message-content").textContent };
+          if (d && !d.hidden)
+            return {
+              busy: a.getAttribute("aria-busy"),
+              open: d.open,
+              summary: a.querySelector(".reasoning-summary").textContent,
+              answer: a.querySelector(".message-content").textContent,
+            };
           return null;
         })
       ).jsonValue();
@@ -894,7 +952,10 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
           clickableNonButtons: [...document.querySelectorAll("[onclick], [role=button], div[tabindex='0'], span[tabindex='0']")].length,
           live: [log.getAttribute("role"), log.getAttribute("aria-live")],
           status: document.querySelector("#status")?.getAttribute("role"),
-          toggles: [...document.querySelectorAll("#toggle-sidebar, #toggle-settings")].map((b: any) => [b.getAttribute("aria-controls"), b.hasAttribute("aria-expanded")]),
+          toggles: [...document.querySelectorAll("#toggle-sidebar, #toggle-settings")].map((b: any) => [
+            b.getAttribute("aria-controls"),
+            b.hasAttribute("aria-expanded"),
+          ]),
           deleteNames: [...document.querySelectorAll(".conversation-delete")].map((b) => b.getAttribute("aria-label")),
         };
       });

@@ -21,15 +21,7 @@ const FINFO_MIN: Record<string, number> = {
  * (a string becomes the bottom-right causal matrix), precise softmax,
  * quantized_matmul with the values.
  */
-export function quantizedAttention(
-  q: MlxArray,
-  k: QuantTriple,
-  v: QuantTriple,
-  scale: number,
-  mask: Mask,
-  groupSize: number,
-  bits: number,
-): MlxArray {
+export function quantizedAttention(q: MlxArray, k: QuantTriple, v: QuantTriple, scale: number, mask: Mask, groupSize: number, bits: number): MlxArray {
   return quantizedKeyAttention(q, k, scale, mask, groupSize, bits, (probs, nRep) => {
     const vv = expandTriple(v, nRep);
     try {
@@ -125,13 +117,7 @@ function maskRows(mask: Mask, start: number, stop: number, L: number, kL: number
  * holds the full [L, T] score matrix. Rows are independent, so each tile's
  * result is that of the untiled computation.
  */
-export function tiledAttention(
-  q: MlxArray,
-  kL: number,
-  mask: Mask,
-  tile: number,
-  attend: (q: MlxArray, mask: Mask) => MlxArray,
-): MlxArray {
+export function tiledAttention(q: MlxArray, kL: number, mask: Mask, tile: number, attend: (q: MlxArray, mask: Mask) => MlxArray): MlxArray {
   const L = q.shape[2]!;
   if (L <= tile) return attend(q, mask);
   const outs: MlxArray[] = [];
@@ -166,7 +152,10 @@ export function affineCodec(bits = 8, groupSize = 64, queryTile = DEFAULT_QUERY_
     vPlanes: 3,
     check(k, v) {
       checkKv("QuantizedKVCache.updateAndFetch", k, v);
-      for (const [n, t] of [["keys", k], ["values", v]] as const) {
+      for (const [n, t] of [
+        ["keys", k],
+        ["values", v],
+      ] as const) {
         if (t.shape[3]! % groupSize !== 0) {
           fail(`QuantizedKVCache: ${n} head dim ${t.shape[3]} is not a multiple of the group size ${groupSize} (${t.describe()})`);
         }

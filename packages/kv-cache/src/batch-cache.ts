@@ -85,7 +85,12 @@ export function checkRow(op: string, row: number, batch: number): void {
 }
 
 /** The checks of `extend(other)`: same class, signature and codec, not itself. */
-export function checkExtend<T extends BatchCache & { readonly codec: KvCodec }>(op: string, self: T, other: BatchCache, cls: abstract new (...args: never[]) => T): T {
+export function checkExtend<T extends BatchCache & { readonly codec: KvCodec }>(
+  op: string,
+  self: T,
+  other: BatchCache,
+  cls: abstract new (...args: never[]) => T,
+): T {
   if (!(other instanceof cls)) fail(`${op}: expected a ${cls.name}, got ${describeCache(other)}`);
   const o = other as T;
   if (o.signature() !== self.signature() || !sameCodec(self.codec, o.codec)) fail(`${op}: cannot mix ${o.signature()} rows into a ${self.signature()} batch`);

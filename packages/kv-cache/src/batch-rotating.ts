@@ -414,7 +414,8 @@ export class BatchRotatingKVCache extends PlaneLayout implements BatchCache {
     const rows = caches as readonly RotatingKVCache[];
     const first = rows[0]!;
     rows.forEach((c, i) => {
-      if (c.maxSize !== first.maxSize) fail(`BatchRotatingKVCache.merge: row ${i} has maxSize ${c.maxSize}, row 0 ${first.maxSize}; one batch holds one window`);
+      if (c.maxSize !== first.maxSize)
+        fail(`BatchRotatingKVCache.merge: row ${i} has maxSize ${c.maxSize}, row 0 ${first.maxSize}; one batch holds one window`);
       if (c.keep !== 0) fail(`BatchRotatingKVCache.merge: row ${i} keeps ${c.keep} tokens; batched rings have no keep tokens`);
       if (c.signature() !== first.signature() || !sameCodec(c.codec, first.codec)) {
         fail(`BatchRotatingKVCache.merge: row ${i} is ${c.signature()}, row 0 is ${first.signature()}; one batch holds one codec`);
@@ -453,7 +454,6 @@ export class BatchRotatingKVCache extends PlaneLayout implements BatchCache {
   signature(): string {
     return `batch:rotating:${this.maxSize}:0:${this.codec.name}`;
   }
-
 }
 
 /**

@@ -4,16 +4,7 @@ import { checkKv, type KvCodec, plainCodec } from "./codec.ts";
 import { KVCache, makeState } from "./growable.ts";
 import { PrefillRow } from "./prefill-row.ts";
 import { appendGrowing, disposeAll, PlaneLayout, replaceAll, tokens } from "./planes.ts";
-import {
-  catRows,
-  checkInts,
-  compactRow,
-  int32Vector,
-  leftPaddedRow,
-  paddedCausalMask,
-  rollRows,
-  takeRows,
-} from "./rows.ts";
+import { catRows, checkInts, compactRow, int32Vector, leftPaddedRow, paddedCausalMask, rollRows, takeRows } from "./rows.ts";
 import { type Cache, type CacheState, type KvView, type Mask, fail, checkTrim } from "./types.ts";
 import {
   type BatchCache,

@@ -101,5 +101,4 @@ export class KVCache extends PlaneLayout implements Cache {
   signature(): string {
     return this.codec.name;
   }
-
 }

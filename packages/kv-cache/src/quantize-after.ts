@@ -31,7 +31,8 @@ export class QuantizeAfterKVCache implements Cache {
   ) {
     if (!Number.isInteger(start) || start < 0) fail(`QuantizeAfterKVCache: start must be a non-negative integer, got ${start}`);
     if (!(AFFINE_BITS as readonly number[]).includes(bits)) fail(`QuantizeAfterKVCache: bits must be one of ${AFFINE_BITS.join(", ")}, got ${bits}`);
-    if (!(AFFINE_GROUPS as readonly number[]).includes(groupSize)) fail(`QuantizeAfterKVCache: group size must be one of ${AFFINE_GROUPS.join(", ")}, got ${groupSize}`);
+    if (!(AFFINE_GROUPS as readonly number[]).includes(groupSize))
+      fail(`QuantizeAfterKVCache: group size must be one of ${AFFINE_GROUPS.join(", ")}, got ${groupSize}`);
     this.#inner = new KVCache(plainCodec);
   }
 

@@ -203,5 +203,4 @@ export class RotatingKVCache extends PlaneLayout implements Cache {
   signature(): string {
     return `rotating:${this.maxSize}:${this.keep}:${this.codec.name}`;
   }
-
 }

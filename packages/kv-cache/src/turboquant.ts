@@ -65,8 +65,7 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
   const unrotate = (out: MlxArray, d: number, dtype: MlxArray["dtype"]): MlxArray => tq.fwht_inverse(out, tablesFor(d, dtype).signs);
 
   /** Rotated values [B, H, T, D] (in the scale dtype) from the value planes: one kernel on a GPU. */
-  const rotatedValues = (packed: MlxArray, vscale: MlxArray, d: number): MlxArray =>
-    turboValues(packed, vscale, tablesFor(d, vscale.dtype).centroids);
+  const rotatedValues = (packed: MlxArray, vscale: MlxArray, d: number): MlxArray => turboValues(packed, vscale, tablesFor(d, vscale.dtype).centroids);
 
   return {
     // The seed decides the value rotation, so it is part of the signature (left out at 0).

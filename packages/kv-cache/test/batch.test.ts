@@ -13,13 +13,7 @@ import {
   plainCodec,
   turboQuantCodec,
 } from "../src/index.ts";
-import {
-  type AuxCacheSpec,
-  type BatchCacheStep,
-  type BatchScenario,
-  type CacheOracleResult,
-  batchCacheOracle,
-} from "../../../tools/oracle/oracle.ts";
+import { type AuxCacheSpec, type BatchCacheStep, type BatchScenario, type CacheOracleResult, batchCacheOracle } from "../../../tools/oracle/oracle.ts";
 import { exactDiff, relativeError as relErr } from "../../../tools/oracle/compare.ts";
 
 const H = 2;
@@ -296,7 +290,9 @@ describe("TurboQuant rows", () => {
     try {
       for (const sc of [batchScenarios.basic!, rotatingScenarios.rotBasic!]) {
         const make = (codec: KvCodec): Batch =>
-          sc.kind === "BatchKVCache" ? new BatchKVCache(sc.args!.left_padding!, codec) : new BatchRotatingKVCache(sc.args!.max_size!, sc.args!.left_padding!, codec);
+          sc.kind === "BatchKVCache"
+            ? new BatchKVCache(sc.args!.left_padding!, codec)
+            : new BatchRotatingKVCache(sc.args!.max_size!, sc.args!.left_padding!, codec);
         using plain = make(plainCodec);
         using turbo = make(tq);
         const auxP = buildAux(sc.caches!.other ?? sc.caches!.o!, plainCodec);
@@ -386,7 +382,13 @@ describe("state()/restoreState()", () => {
         using b = make();
         const snap = a.state();
         try {
-          b.restoreState(makeState(snap.signature, snap.tensors.map((t) => t.retain()), { ...snap.meta }));
+          b.restoreState(
+            makeState(
+              snap.signature,
+              snap.tensors.map((t) => t.retain()),
+              { ...snap.meta },
+            ),
+          );
           expect(b.offset).toBe(a.offset);
           expect(b.offsets).toEqual(a.offsets);
           expect(b.leftPadding).toEqual(a.leftPadding);
@@ -442,7 +444,13 @@ describe("state()/restoreState()", () => {
     using es = e.state();
     expect(es.tensors.length).toBe(2);
     using e2 = new BatchKVCache([5, 5]);
-    e2.restoreState(makeState(es.signature, es.tensors.map((t) => t.retain()), { ...es.meta }));
+    e2.restoreState(
+      makeState(
+        es.signature,
+        es.tensors.map((t) => t.retain()),
+        { ...es.meta },
+      ),
+    );
     expect(e2.leftPadding).toEqual([0, 2]);
   });
 });
@@ -513,7 +521,12 @@ describe("bad input is a clear KvCacheError", () => {
     using c = new BatchKVCache([1, 0]);
     feedBatch(c, [3]);
     using st = c.state();
-    const copy = (tensors: MlxArray[], meta = st.meta, sig = st.signature) => makeState(sig, tensors.map((t) => t.retain()), { ...meta });
+    const copy = (tensors: MlxArray[], meta = st.meta, sig = st.signature) =>
+      makeState(
+        sig,
+        tensors.map((t) => t.retain()),
+        { ...meta },
+      );
     using d = new BatchKVCache([0, 0]);
     err(() => d.restoreState(copy(st.tensors, st.meta, "batch:kv:quant:8:64")), /state is batch:kv:quant:8:64, this cache is batch:kv:plain/);
     {
@@ -546,7 +559,11 @@ describe("bad input is a clear KvCacheError", () => {
     err(() => r2.restoreState(makeState(rs.signature, [], rs.meta)), /state is batch:rotating:8/);
     using r3 = new BatchRotatingKVCache(8, [0, 0]);
     {
-      using s = makeState(rs.signature, rs.tensors.map((t) => t.retain()), { ...rs.meta, rotated: 2 });
+      using s = makeState(
+        rs.signature,
+        rs.tensors.map((t) => t.retain()),
+        { ...rs.meta, rotated: 2 },
+      );
       err(() => r3.restoreState(s), /meta.rotated must be 0 or 1/);
     }
   });
@@ -580,7 +597,13 @@ describe("RotatingKVCache restore of a ring longer than maxSize (after a multi-t
     using st = a.state();
     expect(st.meta.idx).toBe(12);
     using b = new RotatingKVCache(8);
-    b.restoreState(makeState(st.signature, st.tensors.map((t) => t.retain()), { ...st.meta }));
+    b.restoreState(
+      makeState(
+        st.signature,
+        st.tensors.map((t) => t.retain()),
+        { ...st.meta },
+      ),
+    );
     using k1 = rand([1, H, 3, D], 4);
     using va = a.updateAndFetch(k1, k1);
     using vb = b.updateAndFetch(k1, k1);

@@ -1,16 +1,7 @@
 import { describe, expect, test } from "vitest";
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import {
-  type Cache,
-  KVCache,
-  RotatingKVCache,
-  affineCodec,
-  makeState,
-  plainCodec,
-  toAffine,
-  turboQuantCodec,
-} from "../src/index.ts";
+import { type Cache, KVCache, RotatingKVCache, affineCodec, makeState, plainCodec, toAffine, turboQuantCodec } from "../src/index.ts";
 import { exactDiff } from "../../../tools/oracle/compare.ts";
 
 const D = 64;
@@ -48,7 +39,13 @@ describe("state()/restoreState() round-trips bit-exactly for every kind", () => 
       using b = make();
       const snap = a.state();
       // restore takes ownership of the tensors: hand it copies so `snap` stays comparable
-      b.restoreState(makeState(snap.signature, snap.tensors.map((t) => t.retain()), { ...snap.meta }));
+      b.restoreState(
+        makeState(
+          snap.signature,
+          snap.tensors.map((t) => t.retain()),
+          { ...snap.meta },
+        ),
+      );
       expect(b.offset).toBe(a.offset);
       using q = rand([1, 4, 1, D], 9);
       using k = rand([1, 2, 1, D], 10);

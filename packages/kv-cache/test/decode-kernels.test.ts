@@ -21,7 +21,6 @@ function rand(shape: number[], seed: number, dtype: Dtype): MlxArray {
   return mx.astype(x, dtype);
 }
 
-
 interface Case {
   b: number;
   hq: number;

@@ -42,7 +42,14 @@ function maskKind(m: Mask): string {
 }
 
 /** Replay the steps on ours and compare every step with mlx-lm's record. */
-function replay(cache: Cache, inputs: Record<string, MlxArray>, steps: CacheStep[], ref: ReturnType<typeof cacheOracle>, scale: number, planeNames: string[]): void {
+function replay(
+  cache: Cache,
+  inputs: Record<string, MlxArray>,
+  steps: CacheStep[],
+  ref: ReturnType<typeof cacheOracle>,
+  scale: number,
+  planeNames: string[],
+): void {
   steps.forEach((step, i) => {
     if ("trim" in step) {
       expect(cache.trim(Math.min(step.trim, cache.offset)), `step ${i} trimmed`).toBe(Number(ref.meta(`${i}.trimmed`)));

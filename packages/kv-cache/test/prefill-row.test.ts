@@ -137,7 +137,13 @@ describe("a left-padded prefill row equals a cache fed the unpadded tokens", () 
       {
         using st = row.state();
         using k = new KVCache(codec);
-        k.restoreState(makeState(st.signature, st.tensors.map((t) => t.retain()), { ...st.meta }));
+        k.restoreState(
+          makeState(
+            st.signature,
+            st.tensors.map((t) => t.retain()),
+            { ...st.meta },
+          ),
+        );
         expectSameState(k, ref);
       }
       // drop part of the padding, then all of it

@@ -65,7 +65,10 @@ describe("RotatingKVCache trim after a wrapped multi-token chunk", () => {
 
   test("a wrapped ring written one token at a time refuses to trim with a clear error", () => {
     using c = new RotatingKVCache(8, 0);
-    feed(c, Array.from({ length: 12 }, (_, i) => [1, i] as [number, number]));
+    feed(
+      c,
+      Array.from({ length: 12 }, (_, i) => [1, i] as [number, number]),
+    );
     expect(c.canTrim(1)).toBe(false);
     expect(c.canTrim(0)).toBe(true);
     expect(() => c.trim(1)).toThrow(/the window has wrapped \(offset 12\)/);

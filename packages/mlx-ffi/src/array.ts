@@ -1,15 +1,6 @@
 // MlxArray: owns exactly one native array handle.
 import { toArrayBuffer, type Pointer } from "bun:ffi";
-import {
-  type Dtype,
-  type HostArray,
-  dtypeCode,
-  dtypeFromCode,
-  dtypeOfHostArray,
-  hostArrayFromBytes,
-  isDtype,
-  itemSize,
-} from "./dtype.ts";
+import { type Dtype, type HostArray, dtypeCode, dtypeFromCode, dtypeOfHostArray, hostArrayFromBytes, isDtype, itemSize } from "./dtype.ts";
 import { fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from "./half.ts";
 import { checkHandle, checkStatus, lib, MlxError } from "./library.ts";
 
@@ -69,10 +60,7 @@ export class MlxArray implements Disposable {
       );
     }
     const bytes = data.byteLength === 0 ? null : data;
-    return MlxArray.fromHandle(
-      lib().mlxb_array_from_bytes(bytes, data.byteLength, dims, dims.length, code),
-      `fromTypedArray(${formatShape(sh)}, ${dt})`,
-    );
+    return MlxArray.fromHandle(lib().mlxb_array_from_bytes(bytes, data.byteLength, dims, dims.length, code), `fromTypedArray(${formatShape(sh)}, ${dt})`);
   }
 
   /** Convert JS numbers (row-major) into an array of `dtype` (default float32), rounding as MLX would. */

@@ -157,9 +157,7 @@ export const coreSymbols = {
 } as const;
 
 /** Open the library with a symbol table; wraps loader failures in a NativeLibraryError. */
-export function openLibrary<S extends Record<string, { args: readonly FFIType[]; returns: FFIType }>>(
-  symbols: S,
-): ReturnType<typeof dlopen<S>>["symbols"] {
+export function openLibrary<S extends Record<string, { args: readonly FFIType[]; returns: FFIType }>>(symbols: S): ReturnType<typeof dlopen<S>>["symbols"] {
   const path = resolveLibraryPath();
   try {
     return dlopen(path, symbols).symbols;

@@ -46,7 +46,10 @@ export class MappedFile implements Disposable {
   }
 
   static open(path: string): MappedFile {
-    return new MappedFile(checkHandle(mm().mlxb_mmap_open(cstr(path)), "mmap_open", () => path), path);
+    return new MappedFile(
+      checkHandle(mm().mlxb_mmap_open(cstr(path)), "mmap_open", () => path),
+      path,
+    );
   }
 
   #handle(): Pointer {
@@ -57,10 +60,7 @@ export class MappedFile implements Disposable {
   /** An array of `shape`/`dtype` over the bytes at `offset` (row-major); owned by the caller. */
   array(offset: number, shape: readonly number[], dtype: Dtype): MlxArray {
     const dims = checkShape(shape, "MappedFile.array");
-    return MlxArray.fromHandle(
-      mm().mlxb_mmap_array(this.#handle(), offset, dims, dims.length, dtypeCode(dtype)),
-      "MappedFile.array",
-    );
+    return MlxArray.fromHandle(mm().mlxb_mmap_array(this.#handle(), offset, dims, dims.length, dtypeCode(dtype)), "MappedFile.array");
   }
 
   /** True when `a`'s data lies inside this mapping (read in place, not copied). */

@@ -12,9 +12,7 @@ export function evaluate(...arrays: MlxArray[]): void {
 /** Schedule evaluation and return at once; read the arrays (or `waitFor`) to join. */
 export function asyncEval(...arrays: MlxArray[]): void {
   if (arrays.length === 0) return;
-  checkStatus(lib().mlxb_async_eval(handleList(arrays), arrays.length), "async_eval", () =>
-    arrays.map((a) => a.describe()).join(", "),
-  );
+  checkStatus(lib().mlxb_async_eval(handleList(arrays), arrays.length), "async_eval", () => arrays.map((a) => a.describe()).join(", "));
 }
 
 /**

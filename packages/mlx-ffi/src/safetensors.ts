@@ -170,11 +170,7 @@ export function loadSafetensors(path: string, stream?: Stream): SafetensorsLoad 
  * temporary name in the same directory and renamed into place, so a reader
  * never sees a half-written file and a failed save leaves the old one intact.
  */
-export function saveSafetensors(
-  path: string,
-  tensors: Map<string, MlxArray> | Record<string, MlxArray>,
-  metadata: Record<string, string> = {},
-): void {
+export function saveSafetensors(path: string, tensors: Map<string, MlxArray> | Record<string, MlxArray>, metadata: Record<string, string> = {}): void {
   const l = lib();
   const w = checkHandle(l.mlxb_st_writer_new(), "save_safetensors");
   const entries = tensors instanceof Map ? [...tensors] : Object.entries(tensors);

@@ -1,13 +1,5 @@
 import { describe, expect, test } from "vitest";
-import {
-  DTYPES,
-  type Dtype,
-  MlxArray,
-  fromBfloat16Bits,
-  fromFloat16Bits,
-  toBfloat16Bits,
-  toFloat16Bits,
-} from "../src/index.ts";
+import { DTYPES, type Dtype, MlxArray, fromBfloat16Bits, fromFloat16Bits, toBfloat16Bits, toFloat16Bits } from "../src/index.ts";
 import { oracle } from "../../../tools/oracle/oracle.ts";
 import { exactDiff } from "../../../tools/oracle/compare.ts";
 
@@ -52,7 +44,21 @@ describe("dtype round trip", () => {
     const inputs: Record<string, MlxArray> = {};
     const cases: Record<string, string> = {};
     const py = (v: number | bigint | boolean): string =>
-      typeof v === "boolean" ? (v ? "True" : "False") : typeof v === "bigint" ? v.toString() : Number.isNaN(v) ? "float('nan')" : v === Infinity ? "float('inf')" : v === -Infinity ? "float('-inf')" : Object.is(v, -0) ? "-0.0" : String(v);
+      typeof v === "boolean"
+        ? v
+          ? "True"
+          : "False"
+        : typeof v === "bigint"
+          ? v.toString()
+          : Number.isNaN(v)
+            ? "float('nan')"
+            : v === Infinity
+              ? "float('inf')"
+              : v === -Infinity
+                ? "float('-inf')"
+                : Object.is(v, -0)
+                  ? "-0.0"
+                  : String(v);
     for (const dt of DTYPES) {
       const values = SAMPLES[dt];
       if (dt === "complex64") {

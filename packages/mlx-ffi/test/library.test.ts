@@ -2,11 +2,14 @@ import { describe, expect, test } from "vitest";
 import { libraryCandidates, prebuiltPackages, resolveLibraryPath } from "../src/index.ts";
 
 function runWith(env: Record<string, string>): { code: number; err: string } {
-  const p = Bun.spawnSync([process.execPath, "-e", `import { mlxVersion } from "${new URL("../src/index.ts", import.meta.url).pathname}"; console.log(mlxVersion());`], {
-    env: { ...process.env, ...env },
-    stderr: "pipe",
-    stdout: "pipe",
-  });
+  const p = Bun.spawnSync(
+    [process.execPath, "-e", `import { mlxVersion } from "${new URL("../src/index.ts", import.meta.url).pathname}"; console.log(mlxVersion());`],
+    {
+      env: { ...process.env, ...env },
+      stderr: "pipe",
+      stdout: "pipe",
+    },
+  );
   return { code: p.exitCode ?? -1, err: p.stderr.toString() };
 }
 

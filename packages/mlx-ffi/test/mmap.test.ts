@@ -20,10 +20,29 @@ const dir = mkdtempSync(join(tmpdir(), "mlxb-mmap-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 function sample(dt: (typeof DTYPES)[number], n: number): MlxArray {
-  if (dt === "bool") return MlxArray.fromNumbers(Array.from({ length: n }, (_, i) => i % 3 === 0), [n], dt);
-  if (dt === "complex64") return MlxArray.fromNumbers(Array.from({ length: 2 * n }, (_, i) => i * 0.25 - 3), [n], dt);
-  if (dt === "int64" || dt === "uint64") return MlxArray.fromNumbers(Array.from({ length: n }, (_, i) => BigInt(i * 7919)), [n], dt);
-  return MlxArray.fromNumbers(Array.from({ length: n }, (_, i) => i % 100), [n], dt);
+  if (dt === "bool")
+    return MlxArray.fromNumbers(
+      Array.from({ length: n }, (_, i) => i % 3 === 0),
+      [n],
+      dt,
+    );
+  if (dt === "complex64")
+    return MlxArray.fromNumbers(
+      Array.from({ length: 2 * n }, (_, i) => i * 0.25 - 3),
+      [n],
+      dt,
+    );
+  if (dt === "int64" || dt === "uint64")
+    return MlxArray.fromNumbers(
+      Array.from({ length: n }, (_, i) => BigInt(i * 7919)),
+      [n],
+      dt,
+    );
+  return MlxArray.fromNumbers(
+    Array.from({ length: n }, (_, i) => i % 100),
+    [n],
+    dt,
+  );
 }
 
 test("a mappable file round-trips every dtype in place, aligned, readable by MLX and Python", () => {
@@ -31,7 +50,14 @@ test("a mappable file round-trips every dtype in place, aligned, readable by MLX
   const handles = memory.liveHandles();
   const src = new Map(DTYPES.map((dt, i) => [`t.${dt}`, sample(dt, 37 + i)] as [string, MlxArray]));
   const f64 = src.get("t.float64")!;
-  src.set("big", MlxArray.fromNumbers(Array.from({ length: 300_000 }, (_, i) => i % 251), [600, 500], "float32"));
+  src.set(
+    "big",
+    MlxArray.fromNumbers(
+      Array.from({ length: 300_000 }, (_, i) => i % 251),
+      [600, 500],
+      "float32",
+    ),
+  );
   const f = join(dir, "all.safetensors");
   const info = saveMappableSafetensors(f, src, { note: "hi" });
   expect(readFileSync(f).length).toBe(info.bytes);
@@ -58,13 +84,19 @@ test("a mappable file round-trips every dtype in place, aligned, readable by MLX
   const g = join(dir, "mlx.safetensors");
   src.delete("t.float64");
   f64.dispose();
-  saveMappableSafetensors(g, [...src].filter(([n]) => n !== "t.float64"));
+  saveMappableSafetensors(
+    g,
+    [...src].filter(([n]) => n !== "t.float64"),
+  );
   {
     using l = loadSafetensors(g);
     for (const [name, a] of src) expect(exactDiff(l.tensors.get(name)!, a)).toBeNull();
   }
   const py = JSON.parse(
-    runPython(["-c", `import json, mlx.core as mx; d = mx.load(${JSON.stringify(g)}); print(json.dumps([sorted(k for k in d if not k.startswith("__pad.")), d["big"].astype(mx.int32).sum().item()]))`]),
+    runPython([
+      "-c",
+      `import json, mlx.core as mx; d = mx.load(${JSON.stringify(g)}); print(json.dumps([sorted(k for k in d if not k.startswith("__pad.")), d["big"].astype(mx.int32).sum().item()]))`,
+    ]),
   ) as [string[], number];
   expect(py[0]).toEqual([...src.keys()].sort());
   expect(py[1]).toBe(Array.from({ length: 300_000 }, (_, i) => i % 251).reduce((a, b) => a + b, 0));

@@ -44,10 +44,7 @@ export type CompiledFunction<A extends MlxArray[], R extends MlxArray | MlxArray
  * argument. The arrays `fn` returns are taken over (disposed after tracing): return new
  * arrays, or `retain()` a captured one.
  */
-export function compile<A extends MlxArray[], R extends MlxArray | MlxArray[]>(
-  fn: (...args: A) => R,
-  opts: CompileOptions = {},
-): CompiledFunction<A, R> {
+export function compile<A extends MlxArray[], R extends MlxArray | MlxArray[]>(fn: (...args: A) => R, opts: CompileOptions = {}): CompiledFunction<A, R> {
   let thrown: { error: unknown } | undefined;
   let single: boolean | undefined;
   const trace = (inputs: Pointer | null, n: number, out: Pointer | null): number => {

@@ -127,7 +127,12 @@ export interface MatrixOptions {
 export function eye(n: number, opts: MatrixOptions = {}): MlxArray {
   const m = opts.m ?? n;
   const k = opts.k ?? 0;
-  for (const [name, v] of [["n", n], ["m", m], ["k", k]] as const) intArg("eye", name, v);
+  for (const [name, v] of [
+    ["n", n],
+    ["m", m],
+    ["k", k],
+  ] as const)
+    intArg("eye", name, v);
   const dtype = opts.dtype ?? "float32";
   return result("eye", lib().mlxb_eye(n, m, k, dtypeCode(dtype), sh(opts.stream)), [n, m, k, dtype]);
 }
@@ -141,7 +146,12 @@ export function identity(n: number, dtype: Dtype = "float32", s?: Stream): MlxAr
 export function tri(n: number, opts: MatrixOptions = {}): MlxArray {
   const m = opts.m ?? n;
   const k = opts.k ?? 0;
-  for (const [name, v] of [["n", n], ["m", m], ["k", k]] as const) intArg("tri", name, v);
+  for (const [name, v] of [
+    ["n", n],
+    ["m", m],
+    ["k", k],
+  ] as const)
+    intArg("tri", name, v);
   const dtype = opts.dtype ?? "float32";
   return result("tri", lib().mlxb_tri(n, m, k, dtypeCode(dtype), sh(opts.stream)), [n, m, k, dtype]);
 }

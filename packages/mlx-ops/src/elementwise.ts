@@ -216,4 +216,3 @@ export function clip(a: MlxArray, a_min: ArrayOrScalar | null, a_max: ArrayOrSca
     for (const t of temps) t.dispose();
   }
 }
-

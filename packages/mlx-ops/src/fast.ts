@@ -14,26 +14,17 @@ const lib = bindOps({
 
 /** mx.fast.rms_norm over the last axis; `weight` (shape [D]) is optional. */
 function rms_norm(x: MlxArray, weight: MlxArray | null | undefined, eps: number, s?: Stream): MlxArray {
-  return result("fast.rms_norm", lib().mlxb_fast_rms_norm(x.handle, weight?.handle ?? null, eps, sh(s)), [
-    x,
-    weight ?? "weight=None",
-    `eps=${eps}`,
-  ]);
+  return result("fast.rms_norm", lib().mlxb_fast_rms_norm(x.handle, weight?.handle ?? null, eps, sh(s)), [x, weight ?? "weight=None", `eps=${eps}`]);
 }
 
 /** mx.fast.layer_norm over the last axis; weight and bias (shape [D]) are optional. */
-function layer_norm(
-  x: MlxArray,
-  weight: MlxArray | null | undefined,
-  bias: MlxArray | null | undefined,
-  eps: number,
-  s?: Stream,
-): MlxArray {
-  return result(
-    "fast.layer_norm",
-    lib().mlxb_fast_layer_norm(x.handle, weight?.handle ?? null, bias?.handle ?? null, eps, sh(s)),
-    [x, weight ?? "weight=None", bias ?? "bias=None", `eps=${eps}`],
-  );
+function layer_norm(x: MlxArray, weight: MlxArray | null | undefined, bias: MlxArray | null | undefined, eps: number, s?: Stream): MlxArray {
+  return result("fast.layer_norm", lib().mlxb_fast_layer_norm(x.handle, weight?.handle ?? null, bias?.handle ?? null, eps, sh(s)), [
+    x,
+    weight ?? "weight=None",
+    bias ?? "bias=None",
+    `eps=${eps}`,
+  ]);
 }
 
 export interface RopeOptions {
@@ -68,11 +59,10 @@ function rope(x: MlxArray, dims: number, opts: RopeOptions): MlxArray {
     );
   }
   if (!Number.isInteger(offset)) throw new MlxError(`fast.rope(${x.describe()}): offset must be an integer, got ${offset}`);
-  return result(
-    "fast.rope",
-    l.mlxb_fast_rope(x.handle, dims, traditional ? 1 : 0, hasBase, base ?? 0, scale, offset, freqs?.handle ?? null, sh(opts.stream)),
-    [...desc, `offset=${offset}`],
-  );
+  return result("fast.rope", l.mlxb_fast_rope(x.handle, dims, traditional ? 1 : 0, hasBase, base ?? 0, scale, offset, freqs?.handle ?? null, sh(opts.stream)), [
+    ...desc,
+    `offset=${offset}`,
+  ]);
 }
 
 /** The attention mask: none, "causal" (lower-right aligned), or a boolean / additive array. */
@@ -95,7 +85,8 @@ function scaled_dot_product_attention(q: MlxArray, k: MlxArray, v: MlxArray, opt
   let mode = 0;
   if (mask === "causal") mode = 1;
   else if (mask instanceof MlxArray) mode = 2;
-  else if (mask !== undefined && mask !== null) throw new MlxError(`fast.scaled_dot_product_attention: mask must be "causal", an array or null, got ${String(mask)}`);
+  else if (mask !== undefined && mask !== null)
+    throw new MlxError(`fast.scaled_dot_product_attention: mask must be "causal", an array or null, got ${String(mask)}`);
   return result(
     "fast.scaled_dot_product_attention",
     lib().mlxb_fast_sdpa(q.handle, k.handle, v.handle, scale, mode, mask instanceof MlxArray ? mask.handle : null, sinks?.handle ?? null, sh(opts.stream)),

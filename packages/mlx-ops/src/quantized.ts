@@ -173,13 +173,7 @@ export interface QuantizedMatmulOptions {
 }
 
 /** mx.quantized_matmul */
-export function quantized_matmul(
-  x: MlxArray,
-  w: MlxArray,
-  scales: MlxArray,
-  biases: MlxArray | undefined,
-  opts: QuantizedMatmulOptions = {},
-): MlxArray {
+export function quantized_matmul(x: MlxArray, w: MlxArray, scales: MlxArray, biases: MlxArray | undefined, opts: QuantizedMatmulOptions = {}): MlxArray {
   const mode = opts.mode ?? "affine";
   const transpose = opts.transpose ?? true;
   return result(
@@ -244,14 +238,7 @@ export function gather_qmm(
 export function gather_mm(a: MlxArray, b: MlxArray, opts: GatherOptions = {}): MlxArray {
   return result(
     "gather_mm",
-    lib().mlxb_gather_mm(
-      a.handle,
-      b.handle,
-      opts.lhs_indices?.handle ?? null,
-      opts.rhs_indices?.handle ?? null,
-      opts.sorted_indices ? 1 : 0,
-      sh(opts.stream),
-    ),
+    lib().mlxb_gather_mm(a.handle, b.handle, opts.lhs_indices?.handle ?? null, opts.rhs_indices?.handle ?? null, opts.sorted_indices ? 1 : 0, sh(opts.stream)),
     [a, b, opts.lhs_indices ?? "lhs=None", opts.rhs_indices ?? "rhs=None"],
   );
 }

@@ -97,11 +97,10 @@ export interface NormalOptions extends DtypeRandomOptions {
 export function normal(shape: readonly number[] = [], opts: NormalOptions = {}): MlxArray {
   const [p, n] = shapeArg("random.normal", shape);
   const dtype = opts.dtype ?? "float32";
-  return result(
-    "random.normal",
-    lib().mlxb_random_normal(p, n, dtypeCode(dtype), opts.loc ?? 0, opts.scale ?? 1, opts.key?.handle ?? null, sh(opts.stream)),
-    [fmt(shape), dtype],
-  );
+  return result("random.normal", lib().mlxb_random_normal(p, n, dtypeCode(dtype), opts.loc ?? 0, opts.scale ?? 1, opts.key?.handle ?? null, sh(opts.stream)), [
+    fmt(shape),
+    dtype,
+  ]);
 }
 
 /** mx.random.randint over [low, high) (default int32). */
@@ -134,12 +133,7 @@ export function bernoulli(p: ArrayOrScalar = 0.5, shape?: readonly number[], opt
 }
 
 /** mx.random.truncated_normal on (lower, upper) (shape defaults to the bounds' broadcast shape). */
-export function truncated_normal(
-  lower: ArrayOrScalar,
-  upper: ArrayOrScalar,
-  shape?: readonly number[],
-  opts: DtypeRandomOptions = {},
-): MlxArray {
+export function truncated_normal(lower: ArrayOrScalar, upper: ArrayOrScalar, shape?: readonly number[], opts: DtypeRandomOptions = {}): MlxArray {
   const [sp, n] = shape === undefined ? [null, -1] : shapeArg("random.truncated_normal", shape);
   const dtype = opts.dtype ?? "float32";
   return withBounds(lower, upper, (l, u) =>
@@ -186,11 +180,10 @@ export function categorical(logits: MlxArray, opts: CategoricalOptions = {}): Ml
   const [p, n] = opts.shape === undefined ? [null, 0] : shapeArg("random.categorical", opts.shape);
   const mode = opts.shape !== undefined ? 1 : opts.num_samples !== undefined ? 2 : 0;
   const ns = opts.num_samples === undefined ? 0 : intArg("random.categorical", "num_samples", opts.num_samples);
-  return result(
-    "random.categorical",
-    lib().mlxb_random_categorical(logits.handle, axis, mode, p, n, ns, opts.key?.handle ?? null, sh(opts.stream)),
-    [logits, `axis=${axis}`],
-  );
+  return result("random.categorical", lib().mlxb_random_categorical(logits.handle, axis, mode, p, n, ns, opts.key?.handle ?? null, sh(opts.stream)), [
+    logits,
+    `axis=${axis}`,
+  ]);
 }
 
 /** mx.random.permutation: a shuffled copy of x along `axis`, or a permutation of arange(x) for a number. */

@@ -119,11 +119,7 @@ function scanOp(name: ScanName) {
   const sym = `mlxb_${name}` as const;
   return (a: MlxArray, axis?: number | null, opts: ScanOptions = {}): MlxArray => {
     const [ax, flat] = oneAxis(name, axis);
-    return result(
-      name,
-      lib()[sym](a.handle, ax, flat, opts.reverse ? 1 : 0, opts.inclusive === false ? 0 : 1, sh(opts.stream)),
-      [a, `axis=${String(axis)}`],
-    );
+    return result(name, lib()[sym](a.handle, ax, flat, opts.reverse ? 1 : 0, opts.inclusive === false ? 0 : 1, sh(opts.stream)), [a, `axis=${String(axis)}`]);
   };
 }
 /** mx.cumsum along `axis` (the flattened array when omitted or null). */

@@ -109,10 +109,7 @@ export function concatenate(arrays: readonly MlxArray[], axis: number | null = 0
   const hs = arrayList("concatenate", arrays);
   const flat = axis === null ? 1 : 0;
   const ax = axis === null ? 0 : intArg("concatenate", "axis", axis);
-  return result("concatenate", lib().mlxb_concatenate(arrays.length ? hs : null, arrays.length, ax, flat, sh(s)), [
-    ...arrays,
-    `axis=${String(axis)}`,
-  ]);
+  return result("concatenate", lib().mlxb_concatenate(arrays.length ? hs : null, arrays.length, ax, flat, sh(s)), [...arrays, `axis=${String(axis)}`]);
 }
 
 /** mx.stack along a new axis. */
@@ -145,13 +142,7 @@ export function split(a: MlxArray, indices_or_sections: number | readonly number
  */
 export function slice(a: MlxArray, start: readonly number[], stop: readonly number[], strides?: readonly number[], s?: Stream): MlxArray;
 export function slice(a: MlxArray, start: MlxArray, axes: readonly number[], slice_size: readonly number[], s?: Stream): MlxArray;
-export function slice(
-  a: MlxArray,
-  start: readonly number[] | MlxArray,
-  stopOrAxes: readonly number[],
-  third?: readonly number[],
-  s?: Stream,
-): MlxArray {
+export function slice(a: MlxArray, start: readonly number[] | MlxArray, stopOrAxes: readonly number[], third?: readonly number[], s?: Stream): MlxArray {
   if (start instanceof MlxArray) {
     if (!third) throw new MlxError("slice: slice_size is required with an array start");
     const [pa, na] = intsArg("slice", "axes", stopOrAxes);
@@ -246,12 +237,7 @@ export function put_along_axis(a: MlxArray, indices: MlxArray, values: MlxArray 
   const ax = axis === null ? 0 : intArg("put_along_axis", "axis", axis);
   const v = values instanceof MlxArray ? values : MlxArray.scalar(values, scalarDtype(values, a.dtype));
   try {
-    return result("put_along_axis", lib().mlxb_put_along_axis(a.handle, indices.handle, v.handle, ax, flat, sh(s)), [
-      a,
-      indices,
-      v,
-      `axis=${String(axis)}`,
-    ]);
+    return result("put_along_axis", lib().mlxb_put_along_axis(a.handle, indices.handle, v.handle, ax, flat, sh(s)), [a, indices, v, `axis=${String(axis)}`]);
   } finally {
     if (v !== values) v.dispose();
   }
@@ -280,8 +266,16 @@ export function pad(a: MlxArray, pad_width: PadWidth, opts: PadOptions = {}): Ml
   }
   const mode = PAD_MODES.indexOf(opts.mode ?? "constant");
   if (mode < 0) throw new MlxError(`pad: unknown mode ${String(opts.mode)}`);
-  const [lo] = intsArg("pad", "pad_width", pairs.map((p) => p[0]));
-  const [hi] = intsArg("pad", "pad_width", pairs.map((p) => p[1]));
+  const [lo] = intsArg(
+    "pad",
+    "pad_width",
+    pairs.map((p) => p[0]),
+  );
+  const [hi] = intsArg(
+    "pad",
+    "pad_width",
+    pairs.map((p) => p[1]),
+  );
   const axes = Int32Array.from({ length: ndim }, (_, i) => i);
   const cv = opts.constant_values ?? 0;
   // MLX does not check this when building the graph; a larger array would only fail (or misread) in eval.
@@ -290,10 +284,7 @@ export function pad(a: MlxArray, pad_width: PadWidth, opts: PadOptions = {}): Ml
   }
   const v = cv instanceof MlxArray ? cv : MlxArray.scalar(cv, scalarDtype(cv, a.dtype));
   try {
-    return result("pad", lib().mlxb_pad(a.handle, ndim ? axes : null, lo, hi, ndim, v.handle, mode, sh(opts.stream)), [
-      a,
-      JSON.stringify(pad_width),
-    ]);
+    return result("pad", lib().mlxb_pad(a.handle, ndim ? axes : null, lo, hi, ndim, v.handle, mode, sh(opts.stream)), [a, JSON.stringify(pad_width)]);
   } finally {
     if (v !== cv) v.dispose();
   }

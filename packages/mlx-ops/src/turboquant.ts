@@ -83,8 +83,16 @@ export function lloyd_max_codebook(bits: number, opts: { scale?: number; dtype?:
   if (!book) throw new MlxError(`lloyd_max_codebook: bits must be 1, 2, 3 or 4, got ${bits}`);
   const scale = opts.scale ?? 1;
   const dtype = opts.dtype ?? "float32";
-  const centroids = MlxArray.fromNumbers(book.centroids.map((v) => v * scale), [book.centroids.length], dtype);
-  const boundaries = MlxArray.fromNumbers(book.boundaries.map((v) => v * scale), [book.boundaries.length], dtype);
+  const centroids = MlxArray.fromNumbers(
+    book.centroids.map((v) => v * scale),
+    [book.centroids.length],
+    dtype,
+  );
+  const boundaries = MlxArray.fromNumbers(
+    book.boundaries.map((v) => v * scale),
+    [book.boundaries.length],
+    dtype,
+  );
   const dispose = (): void => {
     centroids.dispose();
     boundaries.dispose();
@@ -102,10 +110,7 @@ export function codebook_quantize(x: MlxArray, boundaries: MlxArray, s?: Stream)
 
 /** centroids[codes], in the centroids' dtype. */
 export function codebook_dequantize(codes: MlxArray, centroids: MlxArray, s?: Stream): MlxArray {
-  return result("turboquant.codebook_dequantize", lib().mlxb_tq_codebook_dequantize(codes.handle, centroids.handle, sh(s)), [
-    codes,
-    centroids,
-  ]);
+  return result("turboquant.codebook_dequantize", lib().mlxb_tq_codebook_dequantize(codes.handle, centroids.handle, sh(s)), [codes, centroids]);
 }
 
 /** Bytes a row of n codes of `bits` bits packs into: ceil(n·bits / 8). */

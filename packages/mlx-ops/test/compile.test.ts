@@ -156,4 +156,3 @@ describe("compile vs uncompiled and vs Python mx.compile", () => {
     expect(() => cf(x, y)).toThrow(/used after dispose/);
   });
 });
-

@@ -20,10 +20,13 @@ describe("creation vs Python MLX", () => {
       full_bf: ["mx.full((2, 2), 0.1, mx.bfloat16)", () => mx.full([2, 2], 0.1, "bfloat16")],
       full_h: ["mx.full((2, 2), 1/3, mx.float16)", () => mx.full([2, 2], 1 / 3, "float16")],
       full_inf: ["mx.full((2,), -float('inf'), mx.bfloat16)", () => mx.full([2], Number.NEGATIVE_INFINITY, "bfloat16")],
-      full_arr: ["mx.full((3, 4), x[0])", () => {
-        using row = mx.index(x, 0);
-        return mx.full([3, 4], row);
-      }],
+      full_arr: [
+        "mx.full((3, 4), x[0])",
+        () => {
+          using row = mx.index(x, 0);
+          return mx.full([3, 4], row);
+        },
+      ],
       zeros_like: ["mx.zeros_like(x)", () => mx.zeros_like(x)],
       ones_like: ["mx.ones_like(x)", () => mx.ones_like(x)],
       full_like: ["mx.full(x.shape, 2.5, x.dtype)", () => mx.full_like(x, 2.5)],
@@ -47,7 +50,14 @@ describe("creation vs Python MLX", () => {
       triu: ["mx.triu(sq, -1)", () => mx.triu(sq, -1)],
       triu_b: ["mx.triu(x)", () => mx.triu(x)],
       copy: ["mx.array(x)", () => mx.copy(x)],
-      array_i: ["mx.array([[1, 2, 3], [4, 5, 6]])", () => mx.array([[1, 2, 3], [4, 5, 6]])],
+      array_i: [
+        "mx.array([[1, 2, 3], [4, 5, 6]])",
+        () =>
+          mx.array([
+            [1, 2, 3],
+            [4, 5, 6],
+          ]),
+      ],
       array_f: ["mx.array([1.5, -2, 3])", () => mx.array([1.5, -2, 3])],
       array_b: ["mx.array([True, False])", () => mx.array([true, false])],
       array_mixed: ["mx.array([True, 2])", () => mx.array([true, 2])],

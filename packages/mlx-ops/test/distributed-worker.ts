@@ -23,7 +23,16 @@ const base = memory.active();
     return (x.tolist() as unknown[]).flat(4) as number[];
   };
   // all_sum: rank r contributes (r + 1) * [1, 2, 3]; every rank gets n(n+1)/2 * [1, 2, 3].
-  out.sumF32 = read(D.all_sum(inp([1, 2, 3].map((v) => v * (r + 1)), [3], "float32"), { group: g }));
+  out.sumF32 = read(
+    D.all_sum(
+      inp(
+        [1, 2, 3].map((v) => v * (r + 1)),
+        [3],
+        "float32",
+      ),
+      { group: g },
+    ),
+  );
   out.sumBf16 = read(D.all_sum(inp([r + 1, 2 * (r + 1)], [2], "bfloat16"), { group: g }));
   out.sumI32 = read(D.all_sum(inp([r, 10 * r], [1, 2], "int32"), { group: g }));
   // all_gather: rank r contributes [[r, r]]; the result is [[0, 0], [1, 1], ...].

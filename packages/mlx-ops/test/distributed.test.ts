@@ -9,7 +9,6 @@ import * as mx from "@mlx-bun/mlx-ops";
 
 const WORKER = join(import.meta.dirname, "distributed-worker.ts");
 
-
 type Out = Record<string, any>;
 /** Run n ranks of the worker over the ring backend on loopback (what `mlx.launch -n` sets up). */
 async function runRing(n: number): Promise<Out[]> {
@@ -22,7 +21,10 @@ async function runRing(n: number): Promise<Out[]> {
     const runs = hosts.map(
       (_, rank) =>
         new Promise<Out>((resolve, reject) => {
-          const p = spawn(process.execPath, [WORKER], { env: { ...process.env, MLX_HOSTFILE: hostfile, MLX_RANK: String(rank) }, stdio: ["ignore", "pipe", "pipe"] });
+          const p = spawn(process.execPath, [WORKER], {
+            env: { ...process.env, MLX_HOSTFILE: hostfile, MLX_RANK: String(rank) },
+            stdio: ["ignore", "pipe", "pipe"],
+          });
           let so = "";
           let se = "";
           p.stdout.on("data", (d) => (so += d));

@@ -45,7 +45,25 @@ describe("elementwise vs Python MLX", () => {
     const inputs = { x, xb, xh, p, pb, u, y, yb, xi, yi, xu, m, n };
     const cases: Record<string, Case> = {};
 
-    const unaryFloat = ["negative", "square", "abs", "sign", "exp", "expm1", "tanh", "sigmoid", "erf", "floor", "ceil", "sin", "cos", "isnan", "isinf", "isfinite", "stop_gradient"] as const;
+    const unaryFloat = [
+      "negative",
+      "square",
+      "abs",
+      "sign",
+      "exp",
+      "expm1",
+      "tanh",
+      "sigmoid",
+      "erf",
+      "floor",
+      "ceil",
+      "sin",
+      "cos",
+      "isnan",
+      "isinf",
+      "isfinite",
+      "stop_gradient",
+    ] as const;
     const unaryPos = ["sqrt", "rsqrt", "log", "log2", "log10", "log1p", "reciprocal", "tan"] as const;
     for (const op of unaryFloat) {
       for (const v of ["x", "xb", "xh"] as const) cases[`${op}_${v}`] = [`mx.${op}(${v})`, () => mx[op](inputs[v])];
@@ -63,7 +81,25 @@ describe("elementwise vs Python MLX", () => {
     cases.round0 = ["mx.round(x)", () => mx.round(x)];
     cases.round2 = ["mx.round(xb, 2)", () => mx.round(xb, 2)];
 
-    const binary = ["add", "subtract", "multiply", "divide", "power", "remainder", "floor_divide", "maximum", "minimum", "logaddexp", "arctan2", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal"] as const;
+    const binary = [
+      "add",
+      "subtract",
+      "multiply",
+      "divide",
+      "power",
+      "remainder",
+      "floor_divide",
+      "maximum",
+      "minimum",
+      "logaddexp",
+      "arctan2",
+      "equal",
+      "not_equal",
+      "less",
+      "less_equal",
+      "greater",
+      "greater_equal",
+    ] as const;
     for (const op of binary) {
       cases[`${op}_xy`] = [`mx.${op}(x, y)`, () => mx[op](x, y)];
       cases[`${op}_bb`] = [`mx.${op}(xb, yb)`, () => mx[op](xb, yb)];

@@ -58,7 +58,10 @@ describe("fast.rope vs Python MLX (bit-exact)", () => {
   test("dims full/partial, traditional, base or custom freqs, scale, offset number or array", () => {
     using xf = randn([2, 4, 7, 64], 200);
     using xb = randn([2, 4, 7, 64], 201, "bfloat16");
-    using freqs = MlxArray.fromNumbers(Array.from({ length: 16 }, (_, i) => 1 / 10000 ** (i / 16) / (i % 3 === 0 ? 8 : 1)), [16]);
+    using freqs = MlxArray.fromNumbers(
+      Array.from({ length: 16 }, (_, i) => 1 / 10000 ** (i / 16) / (i % 3 === 0 ? 8 : 1)),
+      [16],
+    );
     using off0 = MlxArray.fromNumbers([9], [], "int32");
     using offB = MlxArray.fromNumbers([3, 11], [2], "int32");
     const inputs = { xf, xb, freqs, off0, offB };
@@ -108,7 +111,7 @@ describe("fast.scaled_dot_product_attention vs Python MLX (bit-exact)", () => {
       inputs[`v_${dt}`] = randn([2, 2, 9, 64], 303, dt);
       // additive mask in the promoted dtype: 0 where visible, a large negative elsewhere
       inputs[`add_${dt}`] = MlxArray.fromNumbers(
-        Array.from({ length: 5 * 9 }, (_, i) => ((i % 9) <= Math.floor(i / 9) + 4 ? 0 : -1e4)),
+        Array.from({ length: 5 * 9 }, (_, i) => (i % 9 <= Math.floor(i / 9) + 4 ? 0 : -1e4)),
         [5, 9],
         dt,
       );
@@ -147,7 +150,8 @@ describe("fast.scaled_dot_product_attention vs Python MLX (bit-exact)", () => {
     for (const dt of ["float32", "bfloat16"]) {
       cs.forEach((c, i) => {
         const m = c.mask === null ? "None" : c.mask === "causal" ? '"causal"' : c.mask === "add" ? `add_${dt}` : c.mask;
-        cases[`s${i}_${dt}`] = `mx.fast.scaled_dot_product_attention(${c.q}_${dt}, k_${dt}, v_${dt}, scale=${scale}, mask=${m}${c.sinks ? `, sinks=sinks_${dt}` : ""})`;
+        cases[`s${i}_${dt}`] =
+          `mx.fast.scaled_dot_product_attention(${c.q}_${dt}, k_${dt}, v_${dt}, scale=${scale}, mask=${m}${c.sinks ? `, sinks=sinks_${dt}` : ""})`;
       });
     }
     using ref = oracle(inputs, cases);

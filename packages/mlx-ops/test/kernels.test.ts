@@ -53,7 +53,12 @@ describe("geglu kernel", () => {
   const DTYPES: Dtype[] = ["float32", "bfloat16", "float16"];
 
   test("reference path equals Python's nn.gelu_approx(gate) * up, bit-exact", () => {
-    const inputs = Object.fromEntries(DTYPES.flatMap((dt, i) => [[`g_${dt}`, randn([3, 5, 96], 10 + i, dt)], [`u_${dt}`, randn([3, 5, 96], 20 + i, dt)]]));
+    const inputs = Object.fromEntries(
+      DTYPES.flatMap((dt, i) => [
+        [`g_${dt}`, randn([3, 5, 96], 10 + i, dt)],
+        [`u_${dt}`, randn([3, 5, 96], 20 + i, dt)],
+      ]),
+    );
     const cases = Object.fromEntries(DTYPES.map((dt) => [dt, `__import__("mlx.nn", fromlist=["nn"]).gelu_approx(g_${dt}) * u_${dt}`]));
     using ref = oracle(inputs, cases);
     using cpu = Stream.default("cpu");
@@ -97,9 +102,15 @@ describe("geglu kernel", () => {
   });
 
   test("a kernel needs an output and identifier names", () => {
-    expect(() => custom_kernel({ name: "x", input_names: [], output_names: [], reference: () => [], launch: () => ({ output_shapes: [], output_dtypes: [], grid: [1, 1, 1], threadgroup: [1, 1, 1] }) })).toThrow(
-      /needs at least one output/,
-    );
+    expect(() =>
+      custom_kernel({
+        name: "x",
+        input_names: [],
+        output_names: [],
+        reference: () => [],
+        launch: () => ({ output_shapes: [], output_dtypes: [], grid: [1, 1, 1], threadgroup: [1, 1, 1] }),
+      }),
+    ).toThrow(/needs at least one output/);
     const bad = custom_kernel({
       name: "bad",
       input_names: ["a b"],

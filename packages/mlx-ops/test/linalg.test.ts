@@ -30,11 +30,14 @@ describe("linear algebra vs Python MLX", () => {
       addmm_ab: ["mx.addmm(c, a, b, alpha=0.5, beta=2.0)", () => mx.addmm(c, a, b, { alpha: 0.5, beta: 2 })],
       outer: ["mx.outer(v, w)", () => mx.outer(v, w)],
       // outer written with broadcasting, as model code does it
-      outer_bcast: ["mx.outer(v, w)", () => {
-        using vc = mx.index(v, ":", null);
-        using wr = mx.index(w, null, ":");
-        return mx.multiply(vc, wr);
-      }],
+      outer_bcast: [
+        "mx.outer(v, w)",
+        () => {
+          using vc = mx.index(v, ":", null);
+          using wr = mx.index(w, null, ":");
+          return mx.multiply(vc, wr);
+        },
+      ],
       inner: ["mx.inner(a, v)", () => mx.inner(a, v)],
       tensordot: ["mx.tensordot(ab, bb, axes=([2], [0]))", () => mx.tensordot(ab, bb, [[2], [0]])],
       bmm: ["mx.block_masked_mm(big, big2, 32, mask_out=mask)", () => mx.block_masked_mm(big, big2, 32, { mask_out: mask })],

@@ -22,10 +22,35 @@ function workload(): void {
     const gathered = keep(mx.index(x, am));
     const upd = keep(mx.slice_update(keep(mx.zeros([32, 8], "bfloat16")), keep(mx.ones([2, 8], "bfloat16")), [0, 0], [2, 8]));
     const cs = keep(mx.cumsum(keep(mx.arange(100)), 0, { reverse: true }));
-    const padded = keep(mx.pad(upd, [[1, 1], [0, 0]], { constant_values: -1 }));
+    const padded = keep(
+      mx.pad(
+        upd,
+        [
+          [1, 1],
+          [0, 0],
+        ],
+        { constant_values: -1 },
+      ),
+    );
     const wh = keep(mx.where(keep(mx.greater(padded, 0)), padded, 0));
     const cat2 = keep(mx.random.categorical(h, { key: k, num_samples: 3 }));
-    evaluate(top, am, idx, gathered, cs, wh, cat2, keep(mx.var(x, -1, { ddof: 1 })), keep(mx.tri(8)), keep(mx.array([[1, 2], [3, 4]])));
+    evaluate(
+      top,
+      am,
+      idx,
+      gathered,
+      cs,
+      wh,
+      cat2,
+      keep(mx.var(x, -1, { ddof: 1 })),
+      keep(mx.tri(8)),
+      keep(
+        mx.array([
+          [1, 2],
+          [3, 4],
+        ]),
+      ),
+    );
     // failing calls: weak scalars made for them are disposed, nothing else made
     expect(() => mx.add(x, keep(mx.zeros([3])))).toThrow();
     expect(() => mx.where(keep(mx.zeros([3], "bool")), x, 0)).toThrow();
@@ -64,7 +89,11 @@ describe("streams", () => {
     evaluate(d, e, r, ...parts);
     expect(d.tolist()).toEqual([[6], [15]]);
     expect(e.tolist()).toEqual([3, 6]);
-    expect(parts.map((p) => p.shape)).toEqual([[2, 1], [2, 1], [2, 1]]);
+    expect(parts.map((p) => p.shape)).toEqual([
+      [2, 1],
+      [2, 1],
+      [2, 1],
+    ]);
     for (const p of parts) p.dispose();
   });
 });

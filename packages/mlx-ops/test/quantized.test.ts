@@ -4,15 +4,7 @@ import { MlxArray, memory } from "@mlx-bun/mlx-ffi";
 import { astype } from "../src/elementwise.ts";
 import { swapaxes } from "../src/shape.ts";
 import { oracle } from "../../../tools/oracle/oracle.ts";
-import {
-  QuantizedTensor,
-  dequantize,
-  gather_mm,
-  gather_qmm,
-  quantize,
-  quantized_matmul,
-  type QuantMode,
-} from "../src/quantized.ts";
+import { QuantizedTensor, dequantize, gather_mm, gather_qmm, quantize, quantized_matmul, type QuantMode } from "../src/quantized.ts";
 import { expectExact, expectNoLeaks, randint, randn } from "./seeded-inputs.ts";
 
 const py = (b: boolean): string => (b ? "True" : "False");
@@ -84,10 +76,13 @@ describe("quantize / dequantize vs Python MLX (bit-exact)", () => {
   test("QuantizedTensor holds the parts with their settings and disposes them", () => {
     using w = randn([32, 128], 5, "bfloat16");
     using x = randn([3, 128], 6, "bfloat16");
-    using ref = oracle({ w, x }, {
-      dq: "(lambda q: mx.dequantize(*q, 32, 3))(mx.quantize(w, 32, 3))",
-      mm: "(lambda q: mx.quantized_matmul(x, *q, True, 32, 3))(mx.quantize(w, 32, 3))",
-    });
+    using ref = oracle(
+      { w, x },
+      {
+        dq: "(lambda q: mx.dequantize(*q, 32, 3))(mx.quantize(w, 32, 3))",
+        mm: "(lambda q: mx.quantized_matmul(x, *q, True, 32, 3))(mx.quantize(w, 32, 3))",
+      },
+    );
     expectNoLeaks(() => {
       using q = QuantizedTensor.quantize(w, { group_size: 32, bits: 3 });
       expect(q.shape).toEqual([32, 128]);
@@ -116,7 +111,10 @@ describe("quantized_matmul / gather_qmm / gather_mm vs Python MLX (bit-exact)", 
     const inputs = { xf, xb, wt, wn };
     const cases: Record<string, string> = {};
     const runs: [string, () => MlxArray][] = [];
-    for (const [xn, x] of [["xf", xf], ["xb", xb]] as const) {
+    for (const [xn, x] of [
+      ["xf", xf],
+      ["xb", xb],
+    ] as const) {
       for (const transpose of [true, false]) {
         const wn_ = transpose ? "wt" : "wn";
         const wsrc = transpose ? wt : wn;

@@ -48,11 +48,14 @@ describe("random with explicit keys vs Python MLX", () => {
       perm_n: [`mx.random.permutation(10, key=${K})`, () => mx.random.permutation(10, 0, { key: k })],
       perm_x: [`mx.random.permutation(logits, axis=1, key=${K})`, () => mx.random.permutation(logits, 1, { key: k })],
       // A split key, as sampling code uses it.
-      split_then_normal: [`mx.random.normal((5,), key=mx.random.split(${K})[1])`, () => {
-        using ks = mx.random.split(k);
-        using k1 = mx.take(ks, 1, 0);
-        return mx.random.normal([5], { key: k1 });
-      }],
+      split_then_normal: [
+        `mx.random.normal((5,), key=mx.random.split(${K})[1])`,
+        () => {
+          using ks = mx.random.split(k);
+          using k1 = mx.take(ks, 1, 0);
+          return mx.random.normal([5], { key: k1 });
+        },
+      ],
     };
     expect(compareAll(inputs, cases)).toEqual([]);
   });

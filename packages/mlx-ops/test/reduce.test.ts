@@ -59,7 +59,11 @@ describe("reductions vs Python MLX", () => {
       cases[`${op}_kd`] = [`mx.${op}(xb, axis=-1, keepdims=True)`, () => mx[op](xb, -1, { keepdims: true })];
       cases[`${op}_i`] = [`mx.${op}(xi, axis=1)`, () => mx[op](xi, 1)];
     }
-    for (const [v, name] of [[big, "big"], [bigb, "bigb"], [xh, "xh"]] as const) {
+    for (const [v, name] of [
+      [big, "big"],
+      [bigb, "bigb"],
+      [xh, "xh"],
+    ] as const) {
       cases[`softmax_${name}`] = [`mx.softmax(${name}, axis=-1)`, () => mx.softmax(v, -1)];
       cases[`softmax_p_${name}`] = [`mx.softmax(${name}, axis=-1, precise=True)`, () => mx.softmax(v, -1, { precise: true })];
       cases[`softmax_all_${name}`] = [`mx.softmax(${name})`, () => mx.softmax(v)];
@@ -81,10 +85,13 @@ describe("reductions vs Python MLX", () => {
     }
     cases.partition = ["mx.partition(big, 7)", () => mx.partition(big, 7)];
     cases.argpartition = ["mx.argpartition(big, 7, axis=-1)", () => mx.argpartition(big, 7, -1)];
-    cases.argpartition_neg = ["mx.argpartition(-bigb, kth=3)", () => {
-      using n = mx.negative(bigb);
-      return mx.argpartition(n, 3);
-    }];
+    cases.argpartition_neg = [
+      "mx.argpartition(-bigb, kth=3)",
+      () => {
+        using n = mx.negative(bigb);
+        return mx.argpartition(n, 3);
+      },
+    ];
     cases.argpartition_none = ["mx.argpartition(x, 5, axis=None)", () => mx.argpartition(x, 5, null)];
     cases.topk = ["mx.topk(big, 5)", () => mx.topk(big, 5)];
     cases.topk_0 = ["mx.topk(x, 2, axis=0)", () => mx.topk(x, 2, 0)];

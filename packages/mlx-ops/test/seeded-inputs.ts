@@ -39,7 +39,11 @@ export function randn(shape: readonly number[], seed: number, dtype: Dtype = "fl
 export function randint(shape: readonly number[], hi: number, seed: number, dtype: Dtype = "int32"): MlxArray {
   const u = rng(seed);
   const n = shape.reduce((a, b) => a * b, 1);
-  return MlxArray.fromNumbers(Array.from({ length: n }, () => Math.floor(u() * hi)), shape, dtype);
+  return MlxArray.fromNumbers(
+    Array.from({ length: n }, () => Math.floor(u() * hi)),
+    shape,
+    dtype,
+  );
 }
 
 /** Bit-exact equality with a labelled failure message. */

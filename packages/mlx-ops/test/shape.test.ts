@@ -37,8 +37,28 @@ describe("shape ops vs Python MLX", () => {
       split_one: ["mx.split(x, [], axis=0)", () => mx.split(x, [], 0)],
       pad_int: ["mx.pad(x, 1)", () => mx.pad(x, 1)],
       pad_pair: ["mx.pad(xb, (1, 2), constant_values=-1.5)", () => mx.pad(xb, [1, 2], { constant_values: -1.5 })],
-      pad_axes: ["mx.pad(x, [(0, 0), (2, 1), (0, 3)])", () => mx.pad(x, [[0, 0], [2, 1], [0, 3]])],
-      pad_edge: ["mx.pad(x, [(0, 0), (1, 1), (2, 0)], mode='edge')", () => mx.pad(x, [[0, 0], [1, 1], [2, 0]], { mode: "edge" })],
+      pad_axes: [
+        "mx.pad(x, [(0, 0), (2, 1), (0, 3)])",
+        () =>
+          mx.pad(x, [
+            [0, 0],
+            [2, 1],
+            [0, 3],
+          ]),
+      ],
+      pad_edge: [
+        "mx.pad(x, [(0, 0), (1, 1), (2, 0)], mode='edge')",
+        () =>
+          mx.pad(
+            x,
+            [
+              [0, 0],
+              [1, 1],
+              [2, 0],
+            ],
+            { mode: "edge" },
+          ),
+      ],
       pad_int_dtype: ["mx.pad(o, 2, constant_values=7)", () => mx.pad(o, 2, { constant_values: 7 })],
       repeat: ["mx.repeat(x, 2, axis=1)", () => mx.repeat(x, 2, 1)],
       repeat_flat: ["mx.repeat(o, 3)", () => mx.repeat(o, 3)],
@@ -49,10 +69,13 @@ describe("shape ops vs Python MLX", () => {
       flatten: ["mx.flatten(x)", () => mx.flatten(x)],
       flatten_part: ["mx.flatten(x, start_axis=1)", () => mx.flatten(x, 1)],
       unflatten: ["mx.unflatten(x, 2, (2, 2))", () => mx.unflatten(x, 2, [2, 2])],
-      contiguous: ["mx.contiguous(mx.transpose(x))", () => {
-        using t = mx.transpose(x);
-        return mx.contiguous(t);
-      }],
+      contiguous: [
+        "mx.contiguous(mx.transpose(x))",
+        () => {
+          using t = mx.transpose(x);
+          return mx.contiguous(t);
+        },
+      ],
     };
     expect(compareAll(inputs, cases)).toEqual([]);
   });
@@ -78,10 +101,7 @@ describe("shape ops vs Python MLX", () => {
       slice_dyn1: ["mx.slice(xb, st1, (1,), (4, 2, 5))", () => mx.slice(xb, st1, [1], [4, 2, 5])],
       slice_update: ["mx.slice_update(x, u, st, (0, 1))", () => mx.slice_update(x, u, st, [0, 1])],
       slice_update_b: ["mx.slice_update(xb, ub, st1, (1,))", () => mx.slice_update(xb, ub, st1, [1])],
-      slice_update_static: [
-        "(lambda a: (a.__setitem__((slice(1, 3), slice(2, 5)), u), a)[1])(mx.array(x))",
-        () => mx.slice_update(x, u, [1, 2, 0], [3, 5, 5]),
-      ],
+      slice_update_static: ["(lambda a: (a.__setitem__((slice(1, 3), slice(2, 5)), u), a)[1])(mx.array(x))", () => mx.slice_update(x, u, [1, 2, 0], [3, 5, 5])],
       slice_update_strided: [
         "(lambda a: (a.__setitem__((slice(None), slice(0, 4, 2)), ub), a)[1])(mx.array(xb))",
         () => mx.slice_update(xb, ub, [0, 0, 0], [4, 4, 5], [1, 2, 1]),
@@ -94,7 +114,10 @@ describe("shape ops vs Python MLX", () => {
       tal: ["mx.take_along_axis(x, along, axis=-1)", () => mx.take_along_axis(x, along, -1)],
       tal_none: ["mx.take_along_axis(x, flatIdx, axis=None)", () => mx.take_along_axis(x, flatIdx, null)],
       pal: ["mx.put_along_axis(x, along, vals, axis=-1)", () => mx.put_along_axis(x, along, vals, -1)],
-      pal_scalar: ["mx.put_along_axis(xb, along, mx.array(-float('inf'), dtype=mx.bfloat16), axis=2)", () => mx.put_along_axis(xb, along, Number.NEGATIVE_INFINITY, 2)],
+      pal_scalar: [
+        "mx.put_along_axis(xb, along, mx.array(-float('inf'), dtype=mx.bfloat16), axis=2)",
+        () => mx.put_along_axis(xb, along, Number.NEGATIVE_INFINITY, 2),
+      ],
     };
     expect(compareAll(inputs, cases)).toEqual([]);
   });
@@ -153,10 +176,13 @@ describe("shape ops vs Python MLX", () => {
     table.forEach(([py, entries], i) => {
       cases[`x${i}`] = [`x[${py}]`, () => mx.index(x, ...entries)];
     });
-    cases.int_arr = ["xi[:, mx.array([3, 0])]", () => {
-      using j = MlxArray.fromNumbers([3, 0], [2], "int32");
-      return mx.index(xi, ":", j);
-    }];
+    cases.int_arr = [
+      "xi[:, mx.array([3, 0])]",
+      () => {
+        using j = MlxArray.fromNumbers([3, 0], [2], "int32");
+        return mx.index(xi, ":", j);
+      },
+    ];
     cases.sl = ["x[1:, :, ::3]", () => mx.index(x, mx.sl(1), mx.sl(), mx.sl(null, null, 3))];
     expect(compareAll(inputs, cases)).toEqual([]);
   });
@@ -176,7 +202,13 @@ describe("shape ops vs Python MLX", () => {
     expect(() => mx.index(a, "1:a")).toThrow(/cannot parse/);
     expect(() => mx.index(a, "...", "...")).toThrow(/single ellipsis/);
     expect(() => mx.pad(a, [[1, 1]], { mode: "wrap" as never })).toThrow(/unknown mode/);
-    expect(() => mx.pad(a, [[1, 1], [1, 1], [1, 1]])).toThrow(/one \(low, high\) pair per axis/);
+    expect(() =>
+      mx.pad(a, [
+        [1, 1],
+        [1, 1],
+        [1, 1],
+      ]),
+    ).toThrow(/one \(low, high\) pair per axis/);
     expect(() => mx.pad(a, 1, { constant_values: b })).toThrow(/constant_values must be a scalar/);
     expect(() => mx.expand_dims(a, 0.5)).toThrow(/expand_dims: axis must be an integer/);
     expect(() => mx.take(a, 1.5)).toThrow(/take: index must be an integer/);

@@ -49,7 +49,10 @@ describe("FWHT with random signs", () => {
   test("orthonormal: inverse(forward(x)) = x and norms are kept", () => {
     for (const n of tq.FWHT_SIZES) {
       using s = tq.random_signs(n, 7);
-      for (const [dt, tol] of [["float32", 2e-6], ["bfloat16", 2 ** -7]] as const) {
+      for (const [dt, tol] of [
+        ["float32", 2e-6],
+        ["bfloat16", 2 ** -7],
+      ] as const) {
         using x = randn([8, n], 100 + n, dt);
         using y = tq.fwht(x, s);
         using back = tq.fwht_inverse(y, s);
@@ -68,7 +71,10 @@ describe("FWHT with random signs", () => {
         }
       }
       // H/√n of a basis vector is the constant 1/√n: the scaling is orthonormal.
-      using e0 = MlxArray.fromNumbers(Array.from({ length: n }, (_, i) => (i === 0 ? 1 : 0)), [n]);
+      using e0 = MlxArray.fromNumbers(
+        Array.from({ length: n }, (_, i) => (i === 0 ? 1 : 0)),
+        [n],
+      );
       using h = tq.fwht(e0);
       for (const v of h.toFloat64Array()) expect(Math.abs(v - 1 / Math.sqrt(n))).toBeLessThan(1e-7);
     }
@@ -212,7 +218,8 @@ describe("pack / unpack of 1-8-bit codes into uint8", () => {
     for (let bits = 1; bits <= 8; bits++) {
       for (const n of ns) {
         inputs[`c${bits}_${n}`] = randint([3, 2, n], 2 ** bits, bits * 1000 + n, "uint8");
-        cases[`p${bits}_${n}`] = `mx.array(np.packbits(((np.array(c${bits}_${n})[..., None] >> np.arange(${bits}, dtype=np.uint8)) & 1).reshape(3, 2, -1), axis=-1, bitorder="little"))`;
+        cases[`p${bits}_${n}`] =
+          `mx.array(np.packbits(((np.array(c${bits}_${n})[..., None] >> np.arange(${bits}, dtype=np.uint8)) & 1).reshape(3, 2, -1), axis=-1, bitorder="little"))`;
       }
     }
     using ref = oracle(inputs, cases);

@@ -253,14 +253,18 @@ export class ChatTemplate {
     }
     let out: string;
     try {
-      out = renderPythonStyle(this.template, {
-        ...this.variables,
-        ...(opts.kwargs ? (plain(opts.kwargs) as Record<string, unknown>) : {}),
-        messages: chat,
-        tools: opts.tools ? plain(opts.tools) : null,
-        documents: opts.documents ? plain(opts.documents) : null,
-        add_generation_prompt: opts.addGenerationPrompt ?? false,
-      }, opts.timeoutMs ?? this.renderTimeoutMs);
+      out = renderPythonStyle(
+        this.template,
+        {
+          ...this.variables,
+          ...(opts.kwargs ? (plain(opts.kwargs) as Record<string, unknown>) : {}),
+          messages: chat,
+          tools: opts.tools ? plain(opts.tools) : null,
+          documents: opts.documents ? plain(opts.documents) : null,
+          add_generation_prompt: opts.addGenerationPrompt ?? false,
+        },
+        opts.timeoutMs ?? this.renderTimeoutMs,
+      );
     } catch (e) {
       if (e instanceof TemplateTimeoutError) throw new TemplateTimeoutError(`${this.origin}: ${e.message}`);
       throw new Error(`${this.origin}: ${(e as Error).message}`);

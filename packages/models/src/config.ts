@@ -377,7 +377,11 @@ export function parseQuantization(block: unknown, file = "config.json", path = "
   if (!isObject(block)) top.fail(path, "must be an object", block);
   const r: Reader = new Reader(file, block, `${path}.`);
   if (typeof block.quant_method === "string") {
-    r.fail("quant_method", "is a Hugging Face quantization format; only MLX-quantized checkpoints (a \"quantization\" block with group_size/bits) are supported", block.quant_method);
+    r.fail(
+      "quant_method",
+      'is a Hugging Face quantization format; only MLX-quantized checkpoints (a "quantization" block with group_size/bits) are supported',
+      block.quant_method,
+    );
   }
   if (!r.has("group_size") || !r.has("bits")) r.fail(r.has("bits") ? "group_size" : "bits", "is required", undefined);
   const def = parseQuantParams(r, block, null);
@@ -402,7 +406,8 @@ function eosList(r: Reader, key: string): number[] {
   const v = r.obj[key];
   const list = Array.isArray(v) ? v : [v];
   list.forEach((x, i) => {
-    if (typeof x !== "number" || !Number.isInteger(x) || x < 0) r.fail(Array.isArray(v) ? `${key}[${i}]` : key, "must be a token id (a non-negative integer) or a list of them", x);
+    if (typeof x !== "number" || !Number.isInteger(x) || x < 0)
+      r.fail(Array.isArray(v) ? `${key}[${i}]` : key, "must be a token id (a non-negative integer) or a list of them", x);
   });
   return list as number[];
 }
@@ -432,9 +437,7 @@ export function parseGemma4Config(json: unknown, file = "config.json"): Gemma4Co
     form = "text";
     ({ cfg: text, warnings } = parseTextConfig(r));
   } else {
-    throw new ConfigError(
-      `${file}: model_type ${fmt(mt)} is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper or "gemma4_text")`,
-    );
+    throw new ConfigError(`${file}: model_type ${fmt(mt)} is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper or "gemma4_text")`);
   }
 
   // mlx-lm's load_model reads "quantization", else a "quantization_config" (top level, then text_config's).

@@ -138,7 +138,10 @@ function parseArguments(name: string, args: string): Record<string, unknown> {
     value = new PyJsonReader(text).document();
   } catch (e) {
     const snippet = args.length > 200 ? `${args.slice(0, 200)}…` : args;
-    throw new ToolCallParseError(`tool call ${JSON.stringify(name)}: invalid arguments ${JSON.stringify(snippet)}: ${(e as Error).message}`, "invalid_arguments");
+    throw new ToolCallParseError(
+      `tool call ${JSON.stringify(name)}: invalid arguments ${JSON.stringify(snippet)}: ${(e as Error).message}`,
+      "invalid_arguments",
+    );
   }
   if (typeof value !== "object" || value === null || Array.isArray(value)) {
     throw new ToolCallParseError(`tool call ${JSON.stringify(name)}: arguments are not an object`, "invalid_arguments");

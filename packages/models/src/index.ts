@@ -41,4 +41,15 @@ export { embed, embedAsLinear, linear, moduleWeights, switchLinear, type ModuleW
 export { type LoadedModel, loadModel, loadTextSide } from "./load.ts";
 export { type LoadedAdapter, loadAdapter } from "./lora.ts";
 export { shardModel, TensorParallel } from "./model/shard.ts";
-export { GEMMA4_MARKERS, type Gemma4Output, type Gemma4OutputEvent, Gemma4OutputParser, type Gemma4OutputParserOptions, type Gemma4OutputState, parseToolCalls, splitGemma4Output, type ToolCall, ToolCallParseError } from "./gemma4-output.ts";
+export {
+  GEMMA4_MARKERS,
+  type Gemma4Output,
+  type Gemma4OutputEvent,
+  Gemma4OutputParser,
+  type Gemma4OutputParserOptions,
+  type Gemma4OutputState,
+  parseToolCalls,
+  splitGemma4Output,
+  type ToolCall,
+  ToolCallParseError,
+} from "./gemma4-output.ts";

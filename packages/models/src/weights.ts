@@ -4,15 +4,7 @@
 // needs (name, shape, dtype) so a loader reports missing / unexpected / mis-shaped tensors by name.
 import { existsSync, readdirSync } from "node:fs";
 import { basename, join } from "node:path";
-import {
-  type Dtype,
-  isFloating,
-  loadSafetensors,
-  type MlxArray,
-  readSafetensorsHeader,
-  type SafetensorsHeader,
-  type TensorInfo,
-} from "@mlx-bun/mlx-ffi";
+import { type Dtype, isFloating, loadSafetensors, type MlxArray, readSafetensorsHeader, type SafetensorsHeader, type TensorInfo } from "@mlx-bun/mlx-ffi";
 import { contiguous, split as splitArray } from "@mlx-bun/mlx-ops";
 import { type Gemma4Config, layerSpecs, type QuantizationConfig, type QuantMode, type QuantParams, readJson } from "./config.ts";
 import { WeightsError } from "./errors.ts";
@@ -106,7 +98,10 @@ export function findWeights(dir: string): WeightFiles {
     } catch (e) {
       throw new WeightsError(`${dir}: ${(e as NodeJS.ErrnoException).code === "ENOENT" ? "folder not found" : String(e)}`);
     }
-    files = entries.filter((f) => f.startsWith("model") && f.endsWith(".safetensors")).sort().map((f) => join(dir, f));
+    files = entries
+      .filter((f) => f.startsWith("model") && f.endsWith(".safetensors"))
+      .sort()
+      .map((f) => join(dir, f));
     if (files.length === 0) throw new WeightsError(`${dir}: no model.safetensors, ${INDEX_FILE} or model*.safetensors`);
   }
   const tensors = new Map<string, TensorLocation>();
@@ -418,7 +413,12 @@ export function assertTensors(check: TensorCheck, where: string): void {
   if (check.missing.length) parts.push(`missing ${check.missing.length}: ${listSome(check.missing)}`);
   if (check.unexpected.length) parts.push(`unexpected ${check.unexpected.length}: ${listSome(check.unexpected)}`);
   if (check.mismatched.length) {
-    parts.push(`mis-shaped ${check.mismatched.length}: ${listSome(check.mismatched.map((m) => `${m.name} (expected ${m.expected}, got ${m.actual})`), 4)}`);
+    parts.push(
+      `mis-shaped ${check.mismatched.length}: ${listSome(
+        check.mismatched.map((m) => `${m.name} (expected ${m.expected}, got ${m.actual})`),
+        4,
+      )}`,
+    );
   }
   throw new WeightsError(`${where}: weights do not match the config: ${parts.join("; ")}`);
 }

@@ -79,10 +79,7 @@ const CASES: Case[] = [
     messages: [
       {
         role: "user",
-        content: [
-          { type: "image" },
-          { type: "text", text: "Décris cette image 🖼️, s'il te plaît. 你好" },
-        ],
+        content: [{ type: "image" }, { type: "text", text: "Décris cette image 🖼️, s'il te plaît. 你好" }],
       },
     ],
     kwargs: { add_generation_prompt: true },

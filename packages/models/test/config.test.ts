@@ -2,15 +2,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import {
-  ConfigError,
-  type Gemma4Config,
-  layerSpecs,
-  loadGemma4Config,
-  parseGemma4Config,
-  parseQuantization,
-  readJson,
-} from "../src/index.ts";
+import { ConfigError, type Gemma4Config, layerSpecs, loadGemma4Config, parseGemma4Config, parseQuantization, readJson } from "../src/index.ts";
 import { makeSuite, reference, SUITE, type TinySuite } from "./helpers.ts";
 
 let suite: TinySuite;
@@ -21,7 +13,11 @@ beforeAll(() => {
   suite = makeSuite();
   scratch = mkdtempSync(join(tmpdir(), "mlxb-config-"));
   const items = [...SUITE.map((n) => ({ key: n, dir: suite.path(n) })), ...Object.entries(defaultCases).map(([key, config]) => ({ key, config }))];
-  const out = reference<PyArgs[]>("args-many", [], items.map(({ key: _k, ...rest }) => rest));
+  const out = reference<PyArgs[]>(
+    "args-many",
+    [],
+    items.map(({ key: _k, ...rest }) => rest),
+  );
   items.forEach((it, i) => py.set(it.key, out[i]!));
 });
 afterAll(() => {
@@ -136,24 +132,24 @@ describe("config.json of the tiny checkpoints", () => {
 });
 
 const defaultCases: Record<string, unknown> = {
-    "text form, nothing set": { model_type: "gemma4_text" },
-    "wrapper, empty text_config": { model_type: "gemma4", text_config: {} },
-    "no layer_types: pattern": { model_type: "gemma4_text", num_hidden_layers: 7, sliding_window_pattern: 3, num_kv_shared_layers: 2 },
-    "rope_parameters missing a layer type": {
-      model_type: "gemma4_text",
-      num_kv_shared_layers: 0,
-      rope_parameters: { full_attention: { rope_type: "proportional", partial_rotary_factor: 0.5, rope_theta: 5000, factor: 2 } },
-    },
-    "linear rope, nulls": {
-      model_type: "gemma4_text",
-      num_hidden_layers: 4,
-      num_kv_shared_layers: 0,
-      global_head_dim: null,
-      hidden_size_per_layer_input: null,
-      final_logit_softcapping: null,
-      rope_parameters: { sliding_attention: { type: "linear", factor: 4, rope_theta: 100 }, full_attention: { rope_type: "default" } },
-    },
-    "wrapper vocab override": { model_type: "gemma4", vocab_size: 1000, text_config: { vocab_size: 5, num_kv_shared_layers: 0 } },
+  "text form, nothing set": { model_type: "gemma4_text" },
+  "wrapper, empty text_config": { model_type: "gemma4", text_config: {} },
+  "no layer_types: pattern": { model_type: "gemma4_text", num_hidden_layers: 7, sliding_window_pattern: 3, num_kv_shared_layers: 2 },
+  "rope_parameters missing a layer type": {
+    model_type: "gemma4_text",
+    num_kv_shared_layers: 0,
+    rope_parameters: { full_attention: { rope_type: "proportional", partial_rotary_factor: 0.5, rope_theta: 5000, factor: 2 } },
+  },
+  "linear rope, nulls": {
+    model_type: "gemma4_text",
+    num_hidden_layers: 4,
+    num_kv_shared_layers: 0,
+    global_head_dim: null,
+    hidden_size_per_layer_input: null,
+    final_logit_softcapping: null,
+    rope_parameters: { sliding_attention: { type: "linear", factor: 4, rope_theta: 100 }, full_attention: { rope_type: "default" } },
+  },
+  "wrapper vocab override": { model_type: "gemma4", vocab_size: 1000, text_config: { vocab_size: 5, num_kv_shared_layers: 0 } },
 };
 
 describe("defaults equal mlx-lm's ModelArgs", () => {
@@ -180,37 +176,101 @@ describe("bad fields name the field and the file", () => {
     ["eps zero", T({ rms_norm_eps: 0 }), "config.json: text_config.rms_norm_eps must be a positive number, got 0"],
     ["bool", T({ attention_k_eq_v: "yes" }), 'config.json: text_config.attention_k_eq_v must be true or false, got "yes"'],
     ["softcap", T({ final_logit_softcapping: -1 }), "config.json: text_config.final_logit_softcapping must be a positive number or null, got -1"],
-    ["layer_types length", T({ num_hidden_layers: 2, layer_types: ["full_attention"] }), "config.json: text_config.layer_types must have num_hidden_layers (2) entries, got \"1 entries\""],
-    ["layer type", T({ num_hidden_layers: 1, layer_types: ["local"] }), 'config.json: text_config.layer_types[0] must be one of sliding_attention, full_attention, got "local"'],
-    ["rope type", T({ rope_parameters: { full_attention: { rope_type: "yarn" } } }), 'config.json: text_config.rope_parameters.full_attention.rope_type must be "default", "linear" or "proportional" (the RoPE kinds a Gemma 4 port supports), got "yarn"'],
-    ["rope key", T({ rope_parameters: { global: {} } }), 'config.json: text_config.rope_parameters.global is not a layer type (sliding_attention, full_attention), got "global"'],
-    ["rope theta", T({ rope_parameters: { sliding_attention: { rope_theta: "big" } } }), 'config.json: text_config.rope_parameters.sliding_attention.rope_theta must be a number, got "big"'],
-    ["moe without experts", T({ enable_moe_block: true, top_k_experts: 2, moe_intermediate_size: 8 }), "config.json: text_config.num_experts must be a positive integer when enable_moe_block is true, got nothing"],
-    ["top-k > experts", T({ enable_moe_block: true, num_experts: 2, top_k_experts: 3, moe_intermediate_size: 8 }), "config.json: text_config.top_k_experts must be at most num_experts (2), got 3"],
-    ["all layers shared", T({ num_hidden_layers: 2, num_kv_shared_layers: 2 }), "config.json: text_config.num_kv_shared_layers must be less than num_hidden_layers (2), got 2"],
+    [
+      "layer_types length",
+      T({ num_hidden_layers: 2, layer_types: ["full_attention"] }),
+      'config.json: text_config.layer_types must have num_hidden_layers (2) entries, got "1 entries"',
+    ],
+    [
+      "layer type",
+      T({ num_hidden_layers: 1, layer_types: ["local"] }),
+      'config.json: text_config.layer_types[0] must be one of sliding_attention, full_attention, got "local"',
+    ],
+    [
+      "rope type",
+      T({ rope_parameters: { full_attention: { rope_type: "yarn" } } }),
+      'config.json: text_config.rope_parameters.full_attention.rope_type must be "default", "linear" or "proportional" (the RoPE kinds a Gemma 4 port supports), got "yarn"',
+    ],
+    [
+      "rope key",
+      T({ rope_parameters: { global: {} } }),
+      'config.json: text_config.rope_parameters.global is not a layer type (sliding_attention, full_attention), got "global"',
+    ],
+    [
+      "rope theta",
+      T({ rope_parameters: { sliding_attention: { rope_theta: "big" } } }),
+      'config.json: text_config.rope_parameters.sliding_attention.rope_theta must be a number, got "big"',
+    ],
+    [
+      "moe without experts",
+      T({ enable_moe_block: true, top_k_experts: 2, moe_intermediate_size: 8 }),
+      "config.json: text_config.num_experts must be a positive integer when enable_moe_block is true, got nothing",
+    ],
+    [
+      "top-k > experts",
+      T({ enable_moe_block: true, num_experts: 2, top_k_experts: 3, moe_intermediate_size: 8 }),
+      "config.json: text_config.top_k_experts must be at most num_experts (2), got 3",
+    ],
+    [
+      "all layers shared",
+      T({ num_hidden_layers: 2, num_kv_shared_layers: 2 }),
+      "config.json: text_config.num_kv_shared_layers must be less than num_hidden_layers (2), got 2",
+    ],
     [
       "shared type without owner",
       T({ num_hidden_layers: 3, num_kv_shared_layers: 1, layer_types: ["sliding_attention", "sliding_attention", "full_attention"] }),
       'config.json: text_config.layer_types[2] is a KV-shared layer of a type no earlier layer (0..1) computes K/V for, got "full_attention"',
     ],
-    ["kv heads", T({ num_attention_heads: 4, num_key_value_heads: 3 }), "config.json: text_config.num_key_value_heads must divide num_attention_heads (4), got 3"],
+    [
+      "kv heads",
+      T({ num_attention_heads: 4, num_key_value_heads: 3 }),
+      "config.json: text_config.num_key_value_heads must divide num_attention_heads (4), got 3",
+    ],
     ["text_config type", { model_type: "gemma4", text_config: [] }, "config.json: text_config must be an object, got []"],
     ["top vocab", { model_type: "gemma4", vocab_size: "big" }, 'config.json: vocab_size must be a positive integer, got "big"'],
     ["text form path", { model_type: "gemma4_text", head_dim: -4 }, "config.json: head_dim must be a positive integer, got -4"],
-    ["eos", { model_type: "gemma4_text", num_kv_shared_layers: 0, eos_token_id: [1, "x"] }, 'config.json: eos_token_id[1] must be a token id (a non-negative integer) or a list of them, got "x"'],
-    ["unknown model_type", { model_type: "llama" }, 'config.json: model_type "llama" is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper or "gemma4_text")'],
+    [
+      "eos",
+      { model_type: "gemma4_text", num_kv_shared_layers: 0, eos_token_id: [1, "x"] },
+      'config.json: eos_token_id[1] must be a token id (a non-negative integer) or a list of them, got "x"',
+    ],
+    [
+      "unknown model_type",
+      { model_type: "llama" },
+      'config.json: model_type "llama" is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper or "gemma4_text")',
+    ],
     ["no model_type", {}, 'config.json: model_type nothing is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper or "gemma4_text")'],
     ["not an object", [1], "config.json: must be a JSON object, got [1]"],
-    ["quant bits", { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 64, bits: 7 } }, "config.json: quantization.bits must be one of 2, 3, 4, 5, 6, 8 for mode affine, got 7"],
-    ["quant group", { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 48, bits: 4 } }, "config.json: quantization.group_size must be one of 32, 64, 128 for mode affine, got 48"],
-    ["quant mode", { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 64, bits: 4, mode: "fp3" } }, 'config.json: quantization.mode must be one of affine, mxfp4, nvfp4, mxfp8, got "fp3"'],
-    ["quant missing bits", { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 64 } }, "config.json: quantization.bits is required, got nothing"],
+    [
+      "quant bits",
+      { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 64, bits: 7 } },
+      "config.json: quantization.bits must be one of 2, 3, 4, 5, 6, 8 for mode affine, got 7",
+    ],
+    [
+      "quant group",
+      { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 48, bits: 4 } },
+      "config.json: quantization.group_size must be one of 32, 64, 128 for mode affine, got 48",
+    ],
+    [
+      "quant mode",
+      { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 64, bits: 4, mode: "fp3" } },
+      'config.json: quantization.mode must be one of affine, mxfp4, nvfp4, mxfp8, got "fp3"',
+    ],
+    [
+      "quant missing bits",
+      { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 64 } },
+      "config.json: quantization.bits is required, got nothing",
+    ],
     [
       "quant override",
       { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 64, bits: 4, "model.layers.0.mlp.up_proj": { bits: 9 } } },
       "config.json: quantization.model.layers.0.mlp.up_proj.bits must be one of 2, 3, 4, 5, 6, 8 for mode affine, got 9",
     ],
-    ["quant override type", { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 64, bits: 4, "model.norm": 3 } }, "config.json: quantization.model.norm must be a per-module quantization object or false, got 3"],
+    [
+      "quant override type",
+      { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization: { group_size: 64, bits: 4, "model.norm": 3 } },
+      "config.json: quantization.model.norm must be a per-module quantization object or false, got 3",
+    ],
     [
       "hf quant method",
       { model_type: "gemma4_text", num_kv_shared_layers: 0, quantization_config: { quant_method: "awq", bits: 4 } },

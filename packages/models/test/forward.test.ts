@@ -17,7 +17,18 @@ const STEPS = 50;
 
 function reference(ckpt: string, kv: string, chunk = 0): { logits: MlxArray; tokens: number[]; dispose(): void } {
   const out = join(dir, `ref-${Math.random().toString(36).slice(2)}.safetensors`);
-  runPython([join(ROOT, "tools", "oracle", "gemma4_logits.py"), ckpt, out, "--ids", PROMPT.join(","), "--steps", String(STEPS), "--kv", kv, ...(chunk ? ["--chunk", String(chunk)] : [])]);
+  runPython([
+    join(ROOT, "tools", "oracle", "gemma4_logits.py"),
+    ckpt,
+    out,
+    "--ids",
+    PROMPT.join(","),
+    "--steps",
+    String(STEPS),
+    "--kv",
+    kv,
+    ...(chunk ? ["--chunk", String(chunk)] : []),
+  ]);
   const l = loadSafetensors(out);
   const logits = l.tensors.get("logits")!.eval();
   const tokens = l.tensors.get("tokens")!.tolist() as number[];
@@ -110,7 +121,20 @@ describe("LoRA adapters (mlx-lm format)", () => {
     const ckpt = made.get("dense-bf16")!;
     const adapterDir = join(dir, "adapter");
     const out = join(dir, "lora-ref.safetensors");
-    runPython([join(ROOT, "tools", "oracle", "lora_oracle.py"), ckpt, adapterDir, out, "--ids", PROMPT.join(","), "--layers", "2", "--rank", "4", "--scale", "3.0"]);
+    runPython([
+      join(ROOT, "tools", "oracle", "lora_oracle.py"),
+      ckpt,
+      adapterDir,
+      out,
+      "--ids",
+      PROMPT.join(","),
+      "--layers",
+      "2",
+      "--rank",
+      "4",
+      "--scale",
+      "3.0",
+    ]);
     using ref = loadSafetensors(out);
     const config = loadGemma4Config(ckpt);
     using weights = loadWeights(ckpt, config);

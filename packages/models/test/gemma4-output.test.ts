@@ -125,10 +125,67 @@ class Rng {
 }
 
 const STRING_PIECES = [
-  "hello", "Paris", "a b", " ", "", "\"", "'", '\\"', "{", "}", "{}", "[", "]", ",", ":", ", ", "a:1", "key:", "{a:b}", "[1,2]",
-  "\n", "\r\n", "\t", "\\", "\\n", "\\u00e9", "/", "é", "日本語", "Ünïcödé", "😀", "👍🏽", "e\u0301", "\u200d", "\u00a0", "\u2028",
-  "<", ">", "|", "<|", "|>", '"|', '<|"', '"|>', '|"|>', '<|"|', "<>", "<<", "call:x{", "call:", "null", "true", "None", "-1.5e3",
-  "<tool_call|>", "<|tool_call>", "<|channel>thought", "<channel|>", "<turn|>", "\u0000", "\u001f",
+  "hello",
+  "Paris",
+  "a b",
+  " ",
+  "",
+  '"',
+  "'",
+  '\\"',
+  "{",
+  "}",
+  "{}",
+  "[",
+  "]",
+  ",",
+  ":",
+  ", ",
+  "a:1",
+  "key:",
+  "{a:b}",
+  "[1,2]",
+  "\n",
+  "\r\n",
+  "\t",
+  "\\",
+  "\\n",
+  "\\u00e9",
+  "/",
+  "é",
+  "日本語",
+  "Ünïcödé",
+  "😀",
+  "👍🏽",
+  "e\u0301",
+  "\u200d",
+  "\u00a0",
+  "\u2028",
+  "<",
+  ">",
+  "|",
+  "<|",
+  "|>",
+  '"|',
+  '<|"',
+  '"|>',
+  '|"|>',
+  '<|"|',
+  "<>",
+  "<<",
+  "call:x{",
+  "call:",
+  "null",
+  "true",
+  "None",
+  "-1.5e3",
+  "<tool_call|>",
+  "<|tool_call>",
+  "<|channel>thought",
+  "<channel|>",
+  "<turn|>",
+  "\u0000",
+  "\u001f",
 ];
 const KEYS = ["city", "days", "a", "b", "query", "b_c", "x1", "_", "Key", "units", "2", "007", "über", "名前", "café", "limit", "opts", "deep"];
 const NAMES = ["get_weather", "search", "run-code", "f", "tool_1", "calc", "ünï_cödé", "a-b-c", "x", "get_time"];
@@ -209,7 +266,18 @@ interface GenCall {
 
 const genCall = (r: Rng): GenCall => ({ name: r.pick(NAMES), args: genObject(r, r.int(0, 3)) });
 
-const AROUND = ["", "", "Sure.", "Let me check.\n", "recall: nothing", "{not a call}", "a < b", '<|"|>quoted<|"|>', "<|channel>thought\nplan<channel|>", "<turn|>"];
+const AROUND = [
+  "",
+  "",
+  "Sure.",
+  "Let me check.\n",
+  "recall: nothing",
+  "{not a call}",
+  "a < b",
+  '<|"|>quoted<|"|>',
+  "<|channel>thought\nplan<channel|>",
+  "<turn|>",
+];
 const BETWEEN = ["", "", "\n", " and ", "<tool_call|><|tool_call>"];
 
 /** Text of well-formed calls as Gemma 4 writes them, each maybe in its tool-call section. */
@@ -331,7 +399,7 @@ const EDGE_CASES: string[] = [
   "<|tool_call>call:f{a:1}<tool_call|>",
   "<|tool_call>call:f{a:1}",
   "<|tool_call><tool_call|>",
-  "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>text<|tool_call>call:get_time{}<tool_call|>",
+  '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>text<|tool_call>call:get_time{}<tool_call|>',
   "call:f{a:[1,2,{b:[3,{c:4}]}],d:[]}",
   "call:f{a:{},b:[],c:[{}]}",
   "call:f{a:[b:1]}",
@@ -463,8 +531,27 @@ function run(chunks: string[], options?: Gemma4OutputParserOptions): Gemma4Outpu
 }
 
 const CONTENT_PIECES = [
-  "Hello", " world", "\n", "The answer is 42.", "😀", "日本語", Q, "<|channel>", "<|channel>though", "<channel|>", "<|tool", "<tool_call|",
-  "<tool_call|>", "<", "|>", "<|", "thought", "call:f{a:1}", "<turn|>", "<|\"|>x<|\"|>", "a < b > c",
+  "Hello",
+  " world",
+  "\n",
+  "The answer is 42.",
+  "😀",
+  "日本語",
+  Q,
+  "<|channel>",
+  "<|channel>though",
+  "<channel|>",
+  "<|tool",
+  "<tool_call|",
+  "<tool_call|>",
+  "<",
+  "|>",
+  "<|",
+  "thought",
+  "call:f{a:1}",
+  "<turn|>",
+  '<|"|>x<|"|>',
+  "a < b > c",
 ];
 
 interface StreamCase {
@@ -534,10 +621,10 @@ function streamCases(): StreamCase[] {
   }
   const fixed = [
     "",
-    "<|channel>thought\nThe user wants the weather.<channel|>Let me check.<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>",
+    '<|channel>thought\nThe user wants the weather.<channel|>Let me check.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
     "<|channel>thought\n<channel|>Just content.",
     "<|channel>thought\nthinking then a call<|tool_call>call:f{a:1}<tool_call|>after",
-    "<|tool_call>call:f{a:1}call:g{b:<|\"|>x<|\"|>}<tool_call|><|tool_call>call:h{}<tool_call|>done",
+    '<|tool_call>call:f{a:1}call:g{b:<|"|>x<|"|>}<tool_call|><|tool_call>call:h{}<tool_call|>done',
     "<|tool_call>call:f{a:None}<tool_call|>ok",
     "<|tool_call><tool_call|>",
     "<|tool_call>call:f{a:1}",
@@ -571,8 +658,8 @@ describe("Gemma4OutputParser", () => {
 
   test("a turn with thinking, content and two tool calls", () => {
     const text =
-      "<|channel>thought\nThe user wants weather and time.<channel|>Checking.<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:2}<tool_call|>" +
-      "<|tool_call>call:get_time{tz:<|\"|>Europe/Paris<|\"|>}<tool_call|>";
+      '<|channel>thought\nThe user wants weather and time.<channel|>Checking.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:2}<tool_call|>' +
+      '<|tool_call>call:get_time{tz:<|"|>Europe/Paris<|"|>}<tool_call|>';
     expect(coalesce(run(tokenLike(new Rng(1), text)))).toEqual([
       { type: "reasoning", text: "\nThe user wants weather and time." },
       { type: "content", text: "Checking." },

@@ -6,7 +6,19 @@ import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, unlinkSync,
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { ChatTemplate, checkKvMode, ConfigError, Gemma4Tokenizer, loadGemma4Config, loadModel, loadTextSide, MAX_RANGE, parseKvMode, postProcessorBos, TemplateTimeoutError } from "../src/index.ts";
+import {
+  ChatTemplate,
+  checkKvMode,
+  ConfigError,
+  Gemma4Tokenizer,
+  loadGemma4Config,
+  loadModel,
+  loadTextSide,
+  MAX_RANGE,
+  parseKvMode,
+  postProcessorBos,
+  TemplateTimeoutError,
+} from "../src/index.ts";
 import { makeTiny } from "./helpers.ts";
 
 let root: string;
@@ -113,7 +125,9 @@ describe("KV modes", () => {
     expect(() => checkKvMode(parseKvMode("q4"), config)).toThrow(/--kv q4 cannot hold this model's sliding-attention layers \(head dim 32\)/);
     expect(() => checkKvMode(parseKvMode("turbo:4,3"), config)).toThrow(/head dim 32.*supported: 64, 128, 256, 512/);
     expect(() => checkKvMode(parseKvMode("q8"), config, { layers: "full_attention" })).not.toThrow();
-    expect(() => checkKvMode({ kind: "affine", bits: 4, groupSize: 128 }, config, { layers: "full_attention", what: "--kv-bits 4 --kv-group-size 128" })).toThrow(/--kv-bits 4 --kv-group-size 128 cannot hold .*full-attention layers \(head dim 64\)/);
+    expect(() =>
+      checkKvMode({ kind: "affine", bits: 4, groupSize: 128 }, config, { layers: "full_attention", what: "--kv-bits 4 --kv-group-size 128" }),
+    ).toThrow(/--kv-bits 4 --kv-group-size 128 cannot hold .*full-attention layers \(head dim 64\)/);
     expect(() => checkKvMode({ kind: "affine", bits: 4, groupSize: 32 }, config)).not.toThrow();
     expect(() => checkKvMode(parseKvMode("bf16"), config)).not.toThrow();
   });

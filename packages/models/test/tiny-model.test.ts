@@ -41,7 +41,12 @@ describe("tiny checkpoints load in mlx-lm and generate", () => {
 });
 
 describe("determinism", () => {
-  const files = (d: string) => Object.fromEntries(readdirSync(d).sort().map((f) => [f, readFileSync(join(d, f)).toString("base64")]));
+  const files = (d: string) =>
+    Object.fromEntries(
+      readdirSync(d)
+        .sort()
+        .map((f) => [f, readFileSync(join(d, f)).toString("base64")]),
+    );
 
   test("same seed, same bytes; another seed, other weights", () => {
     const a = makeTiny(join(scratch, "a"), ["--variant", "small"]);

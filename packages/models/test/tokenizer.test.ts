@@ -19,7 +19,7 @@ const STRINGS = [
   "emoji 😀 🎉 👍🏽 family 👩‍👩‍👧 flag 🇫🇷 keycap 1️⃣",
   "<|turn>user\nHi<turn|>\n<|turn>model\n",
   "<bos>literal<eos> and <0x41> and <unused0>",
-  "tool <|tool_call>call:get{city:<|\"|>Paris<|\"|>}<tool_call|>",
+  'tool <|tool_call>call:get{city:<|"|>Paris<|"|>}<tool_call|>',
   "def add(a, b):\n    return a + b  # 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
   "\u0000\u0001 control \u007f and \u200b zero-width and \ufeff BOM",
   "مرحبا بالعالم שלום עולם",

@@ -76,7 +76,9 @@ describe("TurboQuant on a Gemma 4 model (head dims 64/128, every layer's cache q
       const kls = t.logprobs.map((q, i) => kl(ref.logprobs[i]!, q));
       const meanKl = kls.reduce((a, b) => a + b, 0) / kls.length;
       const agree = t.tokens.filter((x, i) => x === ref.tokens[i]).length;
-      report.push(`${mode}: free-running greedy follows bf16 for ${same}/${steps} tokens; teacher-forced argmax agreement ${agree}/${steps}, mean KL(bf16 || ${mode}) ${meanKl.toExponential(3)} nats`);
+      report.push(
+        `${mode}: free-running greedy follows bf16 for ${same}/${steps} tokens; teacher-forced argmax agreement ${agree}/${steps}, mean KL(bf16 || ${mode}) ${meanKl.toExponential(3)} nats`,
+      );
       expect(meanKl, mode).toBeLessThan(maxKl);
       expect(agree, mode).toBeGreaterThan(steps / 2);
       for (const a of t.logprobs) a.dispose();

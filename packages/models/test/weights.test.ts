@@ -35,8 +35,7 @@ afterAll(() => {
   rmSync(scratch, { recursive: true, force: true });
 });
 
-const asInfos = (m: Map<string, { shape: number[]; dtype: string }>): Infos =>
-  Object.fromEntries([...m].map(([k, v]) => [k, [v.shape, v.dtype]]));
+const asInfos = (m: Map<string, { shape: number[]; dtype: string }>): Infos => Object.fromEntries([...m].map(([k, v]) => [k, [v.shape, v.dtype]]));
 const sorted = (o: Infos) => Object.fromEntries(Object.entries(o).sort(([a], [b]) => (a < b ? -1 : 1)));
 
 describe("sanitize and manifest on every tiny checkpoint", () => {
@@ -83,14 +82,21 @@ describe("sanitize and manifest on every tiny checkpoint", () => {
     expect(files.tensors.get("model.language_model.layers.1.experts.gate_up_proj")!.info.shape).toEqual([4, 128, 64]);
     const plan = planSanitize(files.tensors.keys(), cfg);
     const base = "language_model.model.layers.1.experts.switch_glu";
-    expect(plan.tensors.get(`${base}.gate_proj.weight`)).toEqual({ source: "model.language_model.layers.1.experts.gate_up_proj", split: { axis: -2, parts: 2, index: 0 } });
+    expect(plan.tensors.get(`${base}.gate_proj.weight`)).toEqual({
+      source: "model.language_model.layers.1.experts.gate_up_proj",
+      split: { axis: -2, parts: 2, index: 0 },
+    });
     expect(plan.tensors.get(`${base}.up_proj.weight`)!.split!.index).toBe(1);
     expect(plan.tensors.get(`${base}.down_proj.weight`)).toEqual({ source: "model.language_model.layers.1.experts.down_proj" });
   });
 
   test("quantized manifest: packed weights, scales and biases; unquantizable modules stay float", () => {
     const m = expectedTensors(loadGemma4Config(suite.path("small-4bit")));
-    expect(m.get("language_model.model.layers.0.self_attn.q_proj.weight")).toMatchObject({ shape: [64, 8], dtype: "uint32", quant: { groupSize: 64, bits: 4, mode: "affine" } });
+    expect(m.get("language_model.model.layers.0.self_attn.q_proj.weight")).toMatchObject({
+      shape: [64, 8],
+      dtype: "uint32",
+      quant: { groupSize: 64, bits: 4, mode: "affine" },
+    });
     expect(m.get("language_model.model.layers.0.self_attn.q_proj.scales")).toMatchObject({ shape: [64, 1], dtype: "bfloat16" });
     // in-dim 16 and 96 do not divide by the group size 64
     expect(m.get("language_model.model.layers.0.per_layer_projection.weight")).toMatchObject({ shape: [64, 16], dtype: "bfloat16" });
@@ -99,7 +105,12 @@ describe("sanitize and manifest on every tiny checkpoint", () => {
     expect(moe.get("language_model.model.layers.0.router.proj.weight")).toMatchObject({ shape: [4, 16], dtype: "uint32", quant: { bits: 8 } });
     expect(moe.get("language_model.model.layers.0.experts.switch_glu.down_proj.weight")).toMatchObject({ shape: [4, 64, 8], kind: "switch_linear" });
     // Other modes: uint8 scales, no biases.
-    const cfg = parseGemma4Config({ model_type: "gemma4_text", num_hidden_layers: 1, num_kv_shared_layers: 0, quantization: { group_size: 32, bits: 4, mode: "mxfp4" } });
+    const cfg = parseGemma4Config({
+      model_type: "gemma4_text",
+      num_hidden_layers: 1,
+      num_kv_shared_layers: 0,
+      quantization: { group_size: 32, bits: 4, mode: "mxfp4" },
+    });
     const mx = expectedTensors(cfg);
     expect(mx.get("model.layers.0.mlp.up_proj.scales")).toMatchObject({ shape: [6144, 48], dtype: "uint8" });
     expect(mx.has("model.layers.0.mlp.up_proj.biases")).toBe(false);
@@ -119,7 +130,9 @@ describe("manifest check errors name the tensors", () => {
       expected: "uint32[256,8]",
       actual: "uint32[128,8]",
     });
-    expect(() => assertTensors(check, dir)).toThrow(new RegExp(`^${dir.replace(/[/.]/g, "\\$&")}: weights do not match the config: mis-shaped \\d+: language_model`));
+    expect(() => assertTensors(check, dir)).toThrow(
+      new RegExp(`^${dir.replace(/[/.]/g, "\\$&")}: weights do not match the config: mis-shaped \\d+: language_model`),
+    );
 
     const partial = new Map(info);
     partial.delete("language_model.model.norm.weight");
@@ -156,7 +169,11 @@ describe("finding weight files", () => {
     expect(single.files.map((f) => f.split("/").pop())).toEqual(["model.safetensors"]);
     expect(single.index).toBeNull();
     const sharded = findWeights(suite.path("dense-bf16"));
-    expect(sharded.files.map((f) => f.split("/").pop())).toEqual(["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]);
+    expect(sharded.files.map((f) => f.split("/").pop())).toEqual([
+      "model-00001-of-00003.safetensors",
+      "model-00002-of-00003.safetensors",
+      "model-00003-of-00003.safetensors",
+    ]);
     expect(sharded.index!.weightMap.size).toBe(sharded.tensors.size);
   });
 
@@ -181,9 +198,12 @@ describe("finding weight files", () => {
     const d = copyOf("dense-bf16", "wrongshard");
     const f = join(d, "model.safetensors.index.json");
     const idx = JSON.parse(readFileSync(f, "utf8"));
-    idx.weight_map["model.norm.weight"] = idx.weight_map["model.norm.weight"] === "model-00001-of-00003.safetensors" ? "model-00002-of-00003.safetensors" : "model-00001-of-00003.safetensors";
+    idx.weight_map["model.norm.weight"] =
+      idx.weight_map["model.norm.weight"] === "model-00001-of-00003.safetensors" ? "model-00002-of-00003.safetensors" : "model-00001-of-00003.safetensors";
     writeFileSync(f, JSON.stringify(idx));
-    expect(() => findWeights(d)).toThrow(new RegExp(`weight_map says 'model.norm.weight' is in model-0000\\d-of-00003.safetensors, but .* has no tensor of that name`));
+    expect(() => findWeights(d)).toThrow(
+      new RegExp(`weight_map says 'model.norm.weight' is in model-0000\\d-of-00003.safetensors, but .* has no tensor of that name`),
+    );
   });
 
   test("truncated shard names the file", () => {

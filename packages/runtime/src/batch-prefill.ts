@@ -15,7 +15,12 @@ export interface PrefillModel {
  * Feed `tokens[b]` into row b of the batched `caches`, in chunks of `model.prefillStep` per row
  * (mlx-lm's PromptProcessingBatch.prompt, called once per chunk): see prefillChunk.
  */
-export function prefillBatch(model: PrefillModel, caches: readonly Cache[], tokens: readonly (readonly number[])[], onChunk?: (done: number, total: number) => void): void {
+export function prefillBatch(
+  model: PrefillModel,
+  caches: readonly Cache[],
+  tokens: readonly (readonly number[])[],
+  onChunk?: (done: number, total: number) => void,
+): void {
   const step = model.prefillStep;
   const longest = Math.max(0, ...tokens.map((t) => t.length));
   for (let start = 0; start < longest; start += step) {

@@ -100,7 +100,8 @@ export class LeaderModel implements StepModel {
   forward(ids: MlxArray, caches: Cache[] | null): MlxArray {
     if (ids.ndim !== 2) throw new MlxError(`LeaderModel.forward: ids must be [B, L], got ${ids.describe()}`);
     const set = caches && caches.length ? this.#sets.get(caches[0]!) : 0;
-    if (set === undefined) throw new MlxError("LeaderModel.forward: caches were not made by this LeaderModel (sharded generation supports the Engine's own caches only)");
+    if (set === undefined)
+      throw new MlxError("LeaderModel.forward: caches were not made by this LeaderModel (sharded generation supports the Engine's own caches only)");
     const [B, L] = ids.shape as [number, number];
     this.#send([StepOp.forward, set, B, L]);
     using i32 = mx.astype(ids, "int32");

@@ -35,7 +35,6 @@ export interface EngineOptions {
   backgroundEval?: boolean;
 }
 
-
 export class Engine implements GenerationEngine, Disposable {
   readonly kvMode: KvMode;
   readonly prefillStep: number;
@@ -61,7 +60,10 @@ export class Engine implements GenerationEngine, Disposable {
     checkKvMode(this.kvMode, loaded.config);
     if (this.quantizedKv) {
       const q = this.quantizedKv;
-      checkKvMode({ kind: "affine", bits: q.bits, groupSize: q.groupSize }, loaded.config, { layers: "full_attention", what: `--kv-bits ${q.bits} --kv-group-size ${q.groupSize}` });
+      checkKvMode({ kind: "affine", bits: q.bits, groupSize: q.groupSize }, loaded.config, {
+        layers: "full_attention",
+        what: `--kv-bits ${q.bits} --kv-group-size ${q.groupSize}`,
+      });
     }
     this.#model = opts.stepModel ?? loaded.model;
     this.backgroundEval = opts.backgroundEval ?? (opts.stepModel ? false : defaultBackgroundEval());

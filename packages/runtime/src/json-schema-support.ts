@@ -74,9 +74,7 @@ const REFUSED: Record<string, string> = {
  */
 const LEAP_YEAR = "([0-9][0-9](0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)";
 const DATE =
-  "([0-9]{4}-(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|[0-9]{4}-(0[469]|11)-(0[1-9]|[12][0-9]|30)|[0-9]{4}-02-(0[1-9]|1[0-9]|2[0-8])|" +
-  LEAP_YEAR +
-  "-02-29)";
+  "([0-9]{4}-(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|[0-9]{4}-(0[469]|11)-(0[1-9]|[12][0-9]|30)|[0-9]{4}-02-(0[1-9]|1[0-9]|2[0-8])|" + LEAP_YEAR + "-02-29)";
 const TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
 const LABEL = "[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?";
 const ATEXT = "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]";
@@ -170,7 +168,13 @@ class Checker {
         continue;
       }
       if (REFUSED[k] !== undefined) this.fail(`${at}/${esc(k)}`, k, `keyword "${k}" is not supported: ${REFUSED[k]}`);
-      const known = k === "type" || (COMBINATORS as readonly string[]).includes(k) || STRING_KEYS.includes(k) || NUMBER_KEYS.includes(k) || ARRAY_KEYS.includes(k) || OBJECT_KEYS.includes(k);
+      const known =
+        k === "type" ||
+        (COMBINATORS as readonly string[]).includes(k) ||
+        STRING_KEYS.includes(k) ||
+        NUMBER_KEYS.includes(k) ||
+        ARRAY_KEYS.includes(k) ||
+        OBJECT_KEYS.includes(k);
       if (!known) this.fail(`${at}/${esc(k)}`, k, `keyword "${k}" is not supported (unknown keywords would be ignored)`);
     }
     const has = (k: string) => s[k] !== undefined;
@@ -181,7 +185,8 @@ class Checker {
       const t = s.type;
       const list = Array.isArray(t) ? t : [t];
       if (!list.length) this.fail(`${at}/type`, "type", "type must not be an empty list");
-      for (const x of list) if (typeof x !== "string" || !(TYPES as readonly string[]).includes(x)) this.fail(`${at}/type`, "type", `unknown type ${JSON.stringify(x)}`);
+      for (const x of list)
+        if (typeof x !== "string" || !(TYPES as readonly string[]).includes(x)) this.fail(`${at}/type`, "type", `unknown type ${JSON.stringify(x)}`);
       if (new Set(list).size !== list.length) this.fail(`${at}/type`, "type", "type lists a type twice");
       types = list as JsonType[];
       out.type = Array.isArray(t) ? [...list] : t;
@@ -189,16 +194,30 @@ class Checker {
 
     // Combinators: exactly one, with no sibling validation keyword (XGrammar ignores the siblings).
     const combos = COMBINATORS.filter(has);
-    if (combos.length > 1) this.fail(`${at}/${esc(combos[1]!)}`, combos[1]!, `"${combos[0]}" together with "${combos[1]}" in one schema is not supported (only the first would be enforced)`);
+    if (combos.length > 1)
+      this.fail(
+        `${at}/${esc(combos[1]!)}`,
+        combos[1]!,
+        `"${combos[0]}" together with "${combos[1]}" in one schema is not supported (only the first would be enforced)`,
+      );
     const combo = combos[0];
     if (combo !== undefined) {
       const siblings = keys.filter((k) => k !== combo && !ROOT_ANNOTATIONS.has(k) && !(combo === "const" || combo === "enum" ? k === "type" : false));
-      if (siblings.length) this.fail(`${at}/${esc(siblings[0]!)}`, siblings[0]!, `"${siblings[0]}" next to "${combo}" is not supported (it would be ignored): move it into the ${combo === "$ref" ? "referenced schema" : combo === "anyOf" || combo === "oneOf" || combo === "allOf" ? "branches" : "values"}`);
+      if (siblings.length)
+        this.fail(
+          `${at}/${esc(siblings[0]!)}`,
+          siblings[0]!,
+          `"${siblings[0]}" next to "${combo}" is not supported (it would be ignored): move it into the ${combo === "$ref" ? "referenced schema" : combo === "anyOf" || combo === "oneOf" || combo === "allOf" ? "branches" : "values"}`,
+        );
       switch (combo) {
         case "$ref": {
           const r = s.$ref;
           if (typeof r !== "string" || !/^#(\/(\$defs|definitions)\/[A-Za-z0-9_.-]+)?$/.test(r)) {
-            this.fail(`${at}/$ref`, "$ref", `$ref must be "#" or point to a top-level definition such as "#/$defs/Name" (letters, digits, _ . - in the name), got ${JSON.stringify(r)}`);
+            this.fail(
+              `${at}/$ref`,
+              "$ref",
+              `$ref must be "#" or point to a top-level definition such as "#/$defs/Name" (letters, digits, _ . - in the name), got ${JSON.stringify(r)}`,
+            );
           }
           this.refs.push({ ref: r, at: `${at}/$ref` });
           out.$ref = r;
@@ -210,7 +229,8 @@ class Checker {
           if (combo === "enum" && (!Array.isArray(values) || values.length === 0)) this.fail(`${at}/enum`, "enum", "enum must be a non-empty list");
           if (types) {
             (values as unknown[]).forEach((v, i) => {
-              if (!types!.some((t) => jsonTypeMatches(t, v))) this.fail(combo === "enum" ? `${at}/enum/${i}` : `${at}/const`, combo, `${JSON.stringify(v)} is not of type ${types!.join(" or ")}`);
+              if (!types!.some((t) => jsonTypeMatches(t, v)))
+                this.fail(combo === "enum" ? `${at}/enum/${i}` : `${at}/const`, combo, `${JSON.stringify(v)} is not of type ${types!.join(" or ")}`);
             });
           }
           // The type is implied by the values themselves.
@@ -224,7 +244,8 @@ class Checker {
         case "allOf": {
           const list = s[combo];
           if (!Array.isArray(list) || list.length === 0) this.fail(`${at}/${combo}`, combo, `${combo} must be a non-empty list of schemas`);
-          if (combo === "allOf" && list.length !== 1) this.fail(`${at}/allOf`, "allOf", "allOf with more than one schema is not enforced (merge them into one schema)");
+          if (combo === "allOf" && list.length !== 1)
+            this.fail(`${at}/allOf`, "allOf", "allOf with more than one schema is not enforced (merge them into one schema)");
           const branches = list.map((b, i) => this.visit(b, `${at}/${combo}/${i}`, depth + 1));
           if (combo === "oneOf") this.checkDisjoint(list, at);
           // oneOf with provably disjoint branches is anyOf.
@@ -247,7 +268,13 @@ class Checker {
       return out;
     }
     // The instance kind: the type, else what XGrammar infers from the keywords.
-    const kinds: JsonType[] = types ?? (keys.some((k) => ["properties", "additionalProperties", "unevaluatedProperties"].includes(k)) ? ["object"] : keys.some((k) => ["items", "prefixItems", "unevaluatedItems"].includes(k)) ? ["array"] : []);
+    const kinds: JsonType[] =
+      types ??
+      (keys.some((k) => ["properties", "additionalProperties", "unevaluatedProperties"].includes(k))
+        ? ["object"]
+        : keys.some((k) => ["items", "prefixItems", "unevaluatedItems"].includes(k))
+          ? ["array"]
+          : []);
     if (!kinds.length) {
       const stray = keys.find((k) => STRING_KEYS.includes(k) || NUMBER_KEYS.includes(k) || ARRAY_KEYS.includes(k) || OBJECT_KEYS.includes(k));
       if (stray) this.fail(`${at}/${stray}`, stray, `"${stray}" needs a "type" in the same schema (without one it would be ignored)`);
@@ -258,7 +285,8 @@ class Checker {
     if (kinds.includes("array")) this.array(s, at, out, depth);
     if (kinds.includes("object")) this.object(s, at, out, depth);
     // Keywords of types the instance cannot have constrain nothing; their subschemas are still checked.
-    if (!kinds.includes("array")) for (const k of ["items", "prefixItems", "unevaluatedItems"]) if (has(k)) this.subschemas(s[k], `${at}/${k}`, depth, k === "prefixItems");
+    if (!kinds.includes("array"))
+      for (const k of ["items", "prefixItems", "unevaluatedItems"]) if (has(k)) this.subschemas(s[k], `${at}/${k}`, depth, k === "prefixItems");
     if (!kinds.includes("object")) {
       for (const k of ["additionalProperties", "unevaluatedProperties"]) if (has(k) && typeof s[k] !== "boolean") this.visit(s[k], `${at}/${k}`, depth + 1);
       if (isObject(s.properties)) for (const [k, v] of Object.entries(s.properties)) this.visit(v, `${at}/properties/${esc(k)}`, depth + 1);
@@ -285,7 +313,8 @@ class Checker {
       const f = s.format;
       if (typeof f !== "string") this.fail(`${at}/format`, "format", "format must be a string");
       pattern = FORMAT_PATTERNS[f];
-      if (pattern === undefined) this.fail(`${at}/format`, `format: ${f}`, `string format "${f}" is not supported (supported: ${Object.keys(FORMAT_PATTERNS).join(", ")})`);
+      if (pattern === undefined)
+        this.fail(`${at}/format`, `format: ${f}`, `string format "${f}" is not supported (supported: ${Object.keys(FORMAT_PATTERNS).join(", ")})`);
     } else if (s.pattern !== undefined) {
       if (typeof s.pattern !== "string") this.fail(`${at}/pattern`, "pattern", "pattern must be a string");
       pattern = sanitizePattern(s.pattern, (why) => this.fail(`${at}/pattern`, "pattern", `pattern ${JSON.stringify(s.pattern)}: ${why}`));
@@ -314,8 +343,10 @@ class Checker {
       if (kind === "integer" && !Number.isInteger(v)) this.fail(`${at}/${k}`, k, `${k} of an integer must be a whole number, got ${v}`);
       out[k] = v;
     }
-    if (s.minimum !== undefined && s.exclusiveMinimum !== undefined) this.fail(`${at}/exclusiveMinimum`, "exclusiveMinimum", "minimum together with exclusiveMinimum is not supported (use one)");
-    if (s.maximum !== undefined && s.exclusiveMaximum !== undefined) this.fail(`${at}/exclusiveMaximum`, "exclusiveMaximum", "maximum together with exclusiveMaximum is not supported (use one)");
+    if (s.minimum !== undefined && s.exclusiveMinimum !== undefined)
+      this.fail(`${at}/exclusiveMinimum`, "exclusiveMinimum", "minimum together with exclusiveMinimum is not supported (use one)");
+    if (s.maximum !== undefined && s.exclusiveMaximum !== undefined)
+      this.fail(`${at}/exclusiveMaximum`, "exclusiveMaximum", "maximum together with exclusiveMaximum is not supported (use one)");
     const lo = (s.minimum ?? s.exclusiveMinimum) as number | undefined;
     const hi = (s.maximum ?? s.exclusiveMaximum) as number | undefined;
     // XGrammar's range regex for non-integers is wrong (its "." is unescaped; 1015.26 passes maximum 1000).
@@ -359,7 +390,8 @@ class Checker {
       const props: Record<string, unknown> = {};
       for (const [k, v] of Object.entries(s.properties)) {
         const p = `${at}/properties/${esc(k)}`;
-        if ([...k].some((ch) => FORBIDDEN(ch.codePointAt(0)!))) this.fail(p, "property name", `property names with quotes, backslashes or control characters are not supported: ${JSON.stringify(k)}`);
+        if ([...k].some((ch) => FORBIDDEN(ch.codePointAt(0)!)))
+          this.fail(p, "property name", `property names with quotes, backslashes or control characters are not supported: ${JSON.stringify(k)}`);
         props[k] = this.visit(v, p, depth + 1);
         names.push(k);
       }
@@ -370,7 +402,8 @@ class Checker {
       if (!Array.isArray(r) || r.some((x) => typeof x !== "string")) this.fail(`${at}/required`, "required", "required must be a list of property names");
       if (new Set(r).size !== r.length) this.fail(`${at}/required`, "required", "required lists a property twice");
       r.forEach((name, i) => {
-        if (!names.includes(name)) this.fail(`${at}/required/${i}`, "required", `required property ${JSON.stringify(name)} is not in "properties" (it would not be generated)`);
+        if (!names.includes(name))
+          this.fail(`${at}/required/${i}`, "required", `required property ${JSON.stringify(name)} is not in "properties" (it would not be generated)`);
       });
       if (r.length) out.required = [...r];
     }
@@ -398,7 +431,11 @@ class Checker {
     for (let i = 0; i < list.length; i++) {
       for (let j = i + 1; j < list.length; j++) {
         if (!disjoint(this.deref(list[i]), this.deref(list[j]), (s) => this.deref(s))) {
-          this.fail(`${at}/oneOf`, "oneOf", `oneOf branches ${i} and ${j} may both match a value (oneOf is only enforced when its branches are disjoint by type or by a required const/enum property): use anyOf`);
+          this.fail(
+            `${at}/oneOf`,
+            "oneOf",
+            `oneOf branches ${i} and ${j} may both match a value (oneOf is only enforced when its branches are disjoint by type or by a required const/enum property): use anyOf`,
+          );
         }
       }
     }
@@ -587,7 +624,12 @@ export function sanitizePattern(src: string, fail: (why: string) => never): stri
     if (c === undefined) fail("trailing backslash");
     i++;
     const digits: [number, number][] = [[0x30, 0x39]];
-    const word: [number, number][] = [[0x30, 0x39], [0x41, 0x5a], [0x5f, 0x5f], [0x61, 0x7a]];
+    const word: [number, number][] = [
+      [0x30, 0x39],
+      [0x41, 0x5a],
+      [0x5f, 0x5f],
+      [0x61, 0x7a],
+    ];
     switch (c) {
       case "d":
         return { text: "[0-9]", ranges: digits };

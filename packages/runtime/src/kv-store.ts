@@ -257,9 +257,18 @@ function planLayer(i: number, signature: string, meta: CacheMeta, slots: number)
   };
   let m: RegExpExecArray | null;
   if (signature === "kv:plain") return kv("KVCache", false, []);
-  if ((m = /^kv:quant:(\d+):(\d+)$/.exec(signature))) return kv("QuantizedKVCache", true, [["group_size", Number(m[2])], ["bits", Number(m[1])]]);
+  if ((m = /^kv:quant:(\d+):(\d+)$/.exec(signature)))
+    return kv("QuantizedKVCache", true, [
+      ["group_size", Number(m[2])],
+      ["bits", Number(m[1])],
+    ]);
   if ((m = /^kv:plain>quant:(\d+):(\d+)@\d+$/.exec(signature))) {
-    return meta.quantized === 1 ? kv("QuantizedKVCache", true, [["group_size", Number(m[2])], ["bits", Number(m[1])]]) : kv("KVCache", false, []);
+    return meta.quantized === 1
+      ? kv("QuantizedKVCache", true, [
+          ["group_size", Number(m[2])],
+          ["bits", Number(m[1])],
+        ])
+      : kv("KVCache", false, []);
   }
   if ((m = /^rotating:(\d+):(\d+):kv:plain$/.exec(signature))) {
     return kv("RotatingKVCache", false, [
@@ -393,11 +402,13 @@ function parseLayers(path: string, raw: string | undefined): KvStoreLayer[] {
     if (typeof e.signature !== "string") bad(i, "signature is not a string");
     if (!Number.isInteger(e.minimumReusableOffset)) bad(i, "minimumReusableOffset is not an integer");
     const meta = e.meta;
-    if (typeof meta !== "object" || meta === null || Array.isArray(meta) || !Object.values(meta).every((v) => typeof v === "number")) bad(i, "meta is not an object of numbers");
+    if (typeof meta !== "object" || meta === null || Array.isArray(meta) || !Object.values(meta).every((v) => typeof v === "number"))
+      bad(i, "meta is not an object of numbers");
     if (!Array.isArray(e.tensors)) bad(i, "tensors is not a list");
     const tensors = (e.tensors as unknown[]).map((t, j): KvStoreTensor => {
       const x = t as Record<string, unknown>;
-      if (typeof x !== "object" || x === null || typeof x.name !== "string" || typeof x.dtype !== "string" || typeof x.xxh3 !== "string") bad(i, `tensor ${j} lacks name, dtype or xxh3`);
+      if (typeof x !== "object" || x === null || typeof x.name !== "string" || typeof x.dtype !== "string" || typeof x.xxh3 !== "string")
+        bad(i, `tensor ${j} lacks name, dtype or xxh3`);
       if (!Array.isArray(x.shape) || !x.shape.every((d) => Number.isInteger(d) && d >= 0)) bad(i, `tensor ${j} has no shape`);
       return { name: x.name as string, dtype: x.dtype as Dtype, shape: x.shape as number[], xxh3: x.xxh3 as string };
     });
@@ -427,7 +438,11 @@ function checkOwnHeader(path: string, header: SafetensorsHeader, bytes: number):
   }
   const want = md[MD.headerHash];
   if (!want) throw new KvStoreError(path, `metadata ${MD.headerHash} is missing: corrupt or edited snapshot`);
-  const got = headerHash(md, [...header.tensors].map(([n, t]) => [n, { dtype: t.dtype, shape: t.shape }]), padPrefix(classCount(md)));
+  const got = headerHash(
+    md,
+    [...header.tensors].map(([n, t]) => [n, { dtype: t.dtype, shape: t.shape }]),
+    padPrefix(classCount(md)),
+  );
   if (got !== want) throw new KvStoreError(path, "the header does not match its hash (a field edited, deleted or relabelled): corrupt or edited snapshot");
   const fingerprint = md[MD.fingerprint];
   if (!fingerprint) throw new KvStoreError(path, `metadata ${MD.fingerprint} is missing: corrupt snapshot`);
@@ -438,15 +453,22 @@ function checkOwnHeader(path: string, header: SafetensorsHeader, bytes: number):
   const layers = parseLayers(path, md[MD.layers]);
   const tok = header.tensors.get(tokensTensor(layers.length));
   if (!tok || tok.dtype !== "int32" || tok.shape.length !== 1 || tok.shape[0] !== tokenCount) {
-    throw new KvStoreError(path, `tensor '${tokensTensor(layers.length)}' is ${tok ? `${tok.dtype} [${tok.shape}]` : "missing"}, expected int32 [${tokenCount}]: corrupt snapshot`);
+    throw new KvStoreError(
+      path,
+      `tensor '${tokensTensor(layers.length)}' is ${tok ? `${tok.dtype} [${tok.shape}]` : "missing"}, expected int32 [${tokenCount}]: corrupt snapshot`,
+    );
   }
   layers.forEach((l, i) => {
-    if (md[`1.${i}`] !== l.class) throw new KvStoreError(path, `metadata 1.${i} (${md[`1.${i}`] ?? "missing"}) differs from layer ${i}'s class ${l.class}: corrupt snapshot`);
+    if (md[`1.${i}`] !== l.class)
+      throw new KvStoreError(path, `metadata 1.${i} (${md[`1.${i}`] ?? "missing"}) differs from layer ${i}'s class ${l.class}: corrupt snapshot`);
     for (const t of l.tensors) {
       const h = header.tensors.get(t.name);
       if (!h) throw new KvStoreError(path, `tensor '${t.name}' (layer ${i}, ${l.signature}) is missing: corrupt snapshot`);
       if (h.dtype !== t.dtype || h.shape.join() !== t.shape.join()) {
-        throw new KvStoreError(path, `tensor '${t.name}' (layer ${i}) is ${h.dtype} [${h.shape}] in the header, ${t.dtype} [${t.shape}] in the metadata: corrupt snapshot`);
+        throw new KvStoreError(
+          path,
+          `tensor '${t.name}' (layer ${i}) is ${h.dtype} [${h.shape}] in the header, ${t.dtype} [${t.shape}] in the metadata: corrupt snapshot`,
+        );
       }
     }
   });
@@ -495,7 +517,8 @@ function checkMlxLmHeader(path: string, header: SafetensorsHeader, bytes: number
   const types = new Map<string, string>();
   for (let k = 1; md[`2.${k}.0`] !== undefined; k++) types.set(md[`2.${k}.0`]!, md[`2.${k}.1`] ?? "");
   for (const [name, t] of types) {
-    if (t !== "scalar" && t !== "none" && t !== "string") throw new KvStoreError(path, `metadata scalar type ${JSON.stringify(t)} of '${name}' is unknown: corrupt file`);
+    if (t !== "scalar" && t !== "none" && t !== "string")
+      throw new KvStoreError(path, `metadata scalar type ${JSON.stringify(t)} of '${name}' is unknown: corrupt file`);
   }
   const layers = classes.map((cls, i): KvStoreLayer => {
     if (!MLX_LM_CLASSES.includes(cls)) {
@@ -569,14 +592,21 @@ function readHeader(path: string): { header: SafetensorsHeader; bytes: number } 
 function formatOf(path: string, header: SafetensorsHeader): "mlx-bun" | "mlx-lm" {
   const md = header.metadata;
   if (md[MD.format] !== undefined) {
-    if (md[MD.format] !== KV_STORE_FORMAT) throw new KvStoreError(path, `not an mlx-bun KV snapshot (metadata ${MD.format} is ${JSON.stringify(md[MD.format])})`);
+    if (md[MD.format] !== KV_STORE_FORMAT)
+      throw new KvStoreError(path, `not an mlx-bun KV snapshot (metadata ${MD.format} is ${JSON.stringify(md[MD.format])})`);
     return "mlx-bun";
   }
   if (md[V1_FORMAT_KEY] === KV_STORE_FORMAT) {
-    throw new KvStoreError(path, `format version ${md["mlx_bun.format_version"] ?? 1} (an older mlx-bun), but this build reads version ${KV_STORE_VERSION}; save the snapshot again`);
+    throw new KvStoreError(
+      path,
+      `format version ${md["mlx_bun.format_version"] ?? 1} (an older mlx-bun), but this build reads version ${KV_STORE_VERSION}; save the snapshot again`,
+    );
   }
   if (md["1.0"] !== undefined && md["2.0"] !== undefined) return "mlx-lm";
-  throw new KvStoreError(path, `not a prompt cache: neither an mlx-bun KV snapshot (metadata ${MD.format}) nor mlx-lm's save_prompt_cache format (cache classes in metadata 1.<i>)`);
+  throw new KvStoreError(
+    path,
+    `not a prompt cache: neither an mlx-bun KV snapshot (metadata ${MD.format}) nor mlx-lm's save_prompt_cache format (cache classes in metadata 1.<i>)`,
+  );
 }
 
 /** Read and check a snapshot's header and metadata (no tensor data; mlx-lm's scalars are read): for listings and pre-checks. */
@@ -638,7 +668,13 @@ export interface LoadedPromptCache extends Disposable {
 }
 
 /** What kind of cache `c` is, for mapping mlx-lm's classes onto it. */
-function targetKind(c: Cache): { kind: "plain" | "affine" | "rotating" | "after" | "other"; bits?: number; groupSize?: number; maxSize?: number; keep?: number } {
+function targetKind(c: Cache): {
+  kind: "plain" | "affine" | "rotating" | "after" | "other";
+  bits?: number;
+  groupSize?: number;
+  maxSize?: number;
+  keep?: number;
+} {
   if (c instanceof QuantizeAfterKVCache) return { kind: "after", bits: c.bits, groupSize: c.groupSize };
   if (c instanceof KVCache) {
     if (c.codec.name === "kv:plain") return { kind: "plain" };
@@ -657,7 +693,8 @@ function mlxLmState(path: string, i: number, l: KvStoreLayer, c: Cache, slots: M
     throw new KvStoreError(path, `layer ${i}: the file has an mlx-lm ${l.class}${what}, this model's layer ${i} is ${c.signature()}`);
   };
   const held = slots[0]?.shape[2] ?? 0;
-  const cut = (n: number): MlxArray[] => slots.map((s) => (s.shape[2]! > n ? mx.slice(s, [0, 0, 0, 0], [s.shape[0]!, s.shape[1]!, n, s.shape[3]!]) : s.retain()));
+  const cut = (n: number): MlxArray[] =>
+    slots.map((s) => (s.shape[2]! > n ? mx.slice(s, [0, 0, 0, 0], [s.shape[0]!, s.shape[1]!, n, s.shape[3]!]) : s.retain()));
   if (l.class === "KVCache") {
     if (t.kind !== "plain" && t.kind !== "after") mismatch("");
     if (slots.length && held < offset) mismatch(` holding ${held} of ${offset} tokens`);
@@ -714,7 +751,9 @@ export function loadPromptCache(path: string, opts: LoadPromptCacheOptions): Loa
     caches = opts.makeCaches();
     if (caches.length !== L) throw new KvStoreError(path, `holds ${L} layer caches, the model makes ${caches.length} (another model?)`);
     if (format === "mlx-bun") {
-      const wrong = info.layers.flatMap((l, i) => (l.signature === caches[i]!.signature() ? [] : [`layer ${i}: file ${l.signature}, model ${caches[i]!.signature()}`]));
+      const wrong = info.layers.flatMap((l, i) =>
+        l.signature === caches[i]!.signature() ? [] : [`layer ${i}: file ${l.signature}, model ${caches[i]!.signature()}`],
+      );
       if (wrong.length) throw new KvStoreError(path, `cache signatures differ from the caches this model makes (another KV mode?): ${wrong.join("; ")}`);
     }
     const t = mappedFile.tensors;
@@ -726,13 +765,17 @@ export function loadPromptCache(path: string, opts: LoadPromptCacheOptions): Loa
         const bits = l.class === "QuantizedKVCache" ? (l.meta.bits ?? Number(/quant:(\d+):/.exec(l.signature ?? "")?.[1] ?? 0)) : 0;
         const dim = bits ? (k.shape[3]! * 32) / bits : k.shape[3]!;
         if (k.shape[0] !== 1 || k.shape[1] !== want.kvHeads || dim !== want.headDim) {
-          throw new KvStoreError(path, `layer ${i}: keys ${k.dtype} [${k.shape}] do not fit this model (batch 1, ${want.kvHeads} KV heads, head dim ${want.headDim}): another model?`);
+          throw new KvStoreError(
+            path,
+            `layer ${i}: keys ${k.dtype} [${k.shape}] do not fit this model (batch 1, ${want.kvHeads} KV heads, head dim ${want.headDim}): another model?`,
+          );
         }
       });
     }
     const tokName = tokensTensor(L);
     if (format === "mlx-bun" && (opts.verify ?? true)) {
-      if (hashBytes(t.get(tokName)!) !== header.metadata[MD.tokensHash]) throw new KvStoreError(path, `tensor '${tokName}' does not match its saved hash: corrupt data`);
+      if (hashBytes(t.get(tokName)!) !== header.metadata[MD.tokensHash])
+        throw new KvStoreError(path, `tensor '${tokName}' does not match its saved hash: corrupt data`);
       info.layers.forEach((l, i) => {
         for (const x of l.tensors) {
           if (hashBytes(t.get(x.name)!) !== x.xxh3) throw new KvStoreError(path, `tensor '${x.name}' (layer ${i}) does not match its saved hash: corrupt data`);
@@ -766,7 +809,8 @@ export function loadPromptCache(path: string, opts: LoadPromptCacheOptions): Loa
         throw new KvStoreError(path, `layer ${i} (${l.signature ?? l.class}) does not restore: ${(e as Error).message}`, { cause: e });
       }
       caches[i]!.minimumReusableOffset = l.minimumReusableOffset;
-      if (caches[i]!.offset !== info!.offset) throw new KvStoreError(path, `layer ${i} holds ${caches[i]!.offset} tokens, the snapshot says ${info!.offset}: corrupt snapshot`);
+      if (caches[i]!.offset !== info!.offset)
+        throw new KvStoreError(path, `layer ${i} holds ${caches[i]!.offset} tokens, the snapshot says ${info!.offset}: corrupt snapshot`);
     });
     const out = caches;
     const dispose = (): void => {
@@ -814,11 +858,13 @@ export function verifyPromptCache(path: string): KvStoreVerification {
   try {
     if (format === "mlx-bun") {
       const tokName = tokensTensor(info!.layers.length);
-      if (hashBytes(file.tensors.get(tokName)!) !== header.metadata[MD.tokensHash]) throw new KvStoreError(path, `tensor '${tokName}' does not match its saved hash: corrupt data`);
+      if (hashBytes(file.tensors.get(tokName)!) !== header.metadata[MD.tokensHash])
+        throw new KvStoreError(path, `tensor '${tokName}' does not match its saved hash: corrupt data`);
       let n = 0;
       info!.layers.forEach((l, i) => {
         for (const x of l.tensors) {
-          if (hashBytes(file.tensors.get(x.name)!) !== x.xxh3) throw new KvStoreError(path, `tensor '${x.name}' (layer ${i}) does not match its saved hash: corrupt data`);
+          if (hashBytes(file.tensors.get(x.name)!) !== x.xxh3)
+            throw new KvStoreError(path, `tensor '${x.name}' (layer ${i}) does not match its saved hash: corrupt data`);
           n++;
         }
       });
@@ -827,7 +873,9 @@ export function verifyPromptCache(path: string): KvStoreVerification {
       if (own) notes.push(`${own} of ${info!.layers.length} layers have no mlx-lm class (TurboQuant or quantized window): mlx-lm cannot read this file`);
     } else {
       info = checkMlxLmHeader(path, header, bytes, file);
-      checks.push(`mlx-lm prompt cache (save_prompt_cache): ${info.layers.length} layers (${[...new Set(info.layers.map((l) => l.class))].join(", ")}), scalars and state tensors present, one offset (${info.offset})`);
+      checks.push(
+        `mlx-lm prompt cache (save_prompt_cache): ${info.layers.length} layers (${[...new Set(info.layers.map((l) => l.class))].join(", ")}), scalars and state tensors present, one offset (${info.offset})`,
+      );
       notes.push("mlx-lm's files carry no checksum: the data itself cannot be verified");
     }
   } finally {

@@ -229,8 +229,7 @@ export class PromptCache implements Disposable {
         sameList(old.signatures, entry.signatures) &&
         old.tokens.length <= entry.tokens.length &&
         commonPrefix(old.tokens, entry.tokens) === old.tokens.length &&
-        (old.tokens.length === entry.tokens.length ||
-          (entry.trimmable && entry.minReusable <= (old.trimmable ? old.minReusable : old.tokens.length)));
+        (old.tokens.length === entry.tokens.length || (entry.trimmable && entry.minReusable <= (old.trimmable ? old.minReusable : old.tokens.length)));
       if (redundant) this.#drop(old);
       return !redundant;
     });

@@ -22,7 +22,9 @@ export function validateRequest(req: GenerateRequest, engine: RequestLimits): vo
   }
   if (!Number.isInteger(req.maxTokens) || req.maxTokens < 1) throw new RequestError(`max_tokens must be a positive integer, got ${req.maxTokens}`);
   if (req.promptIds.length + req.maxTokens > engine.maxContext && !engine.maxKvSize) {
-    throw new RequestError(`prompt (${req.promptIds.length} tokens) plus max_tokens (${req.maxTokens}) exceeds the model's context of ${engine.maxContext} tokens`);
+    throw new RequestError(
+      `prompt (${req.promptIds.length} tokens) plus max_tokens (${req.maxTokens}) exceeds the model's context of ${engine.maxContext} tokens`,
+    );
   }
   if (req.cacheCheckpoints !== undefined && (!Array.isArray(req.cacheCheckpoints) || req.cacheCheckpoints.some((c) => !Number.isInteger(c) || c < 0))) {
     throw new RequestError(`cacheCheckpoints must be non-negative integers (prompt lengths), got ${JSON.stringify(req.cacheCheckpoints)}`);

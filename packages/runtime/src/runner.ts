@@ -134,7 +134,7 @@ export class DecodeRunner {
     const deferred: (MlxArray | null)[] = [];
     // Rows that ended in the drain() of a background job (the batch just left background mode)
     // are still in the batch, so this step feeds them once more: their caches then hold that id too.
-    if (false as boolean) {
+    if (this.trackFed && !last) {
       for (const r of rows) if (r.seq.done && r.seq.finishReason !== "cancelled") r.fedAhead = [r.next ? r.next.token.item() : r.seq.generated.at(-1)!];
     }
     try {

@@ -47,7 +47,8 @@ export function resolveSampling(p: SamplingParams = {}, vocabSize: number, xtcSp
   const seed = p.seed;
   if (seed !== undefined && !Number.isInteger(seed)) throw new MlxError(`seed must be an integer, got ${JSON.stringify(seed)}`);
   // The PRNG key takes a uint64 seed (mx.random.key); here a safe integer, checked before any step runs.
-  if (seed !== undefined && (seed < 0 || !Number.isSafeInteger(seed))) throw new MlxError(`seed must be an integer in 0..${Number.MAX_SAFE_INTEGER}, got ${seed}`);
+  if (seed !== undefined && (seed < 0 || !Number.isSafeInteger(seed)))
+    throw new MlxError(`seed must be an integer in 0..${Number.MAX_SAFE_INTEGER}, got ${seed}`);
   return {
     temperature: num("temperature", p.temperature, 0, (x) => x >= 0, ">= 0"),
     // 0 turns top-p off, as 1 does (mlx-lm applies it for 0 < top_p < 1 only).
@@ -142,12 +143,14 @@ function penaltyProcessor(s: ResolvedSampling): LogitsProcessor {
       const uniq = [...counts.keys()];
       if (s.repetitionPenalty !== 1) {
         const p = s.repetitionPenalty;
-        step(updateColumns(out, uniq, (sel) => {
-          using neg = mx.less(sel, 0);
-          using mul = mx.multiply(sel, p);
-          using div = mx.divide(sel, p);
-          return mx.where(neg, mul, div);
-        }));
+        step(
+          updateColumns(out, uniq, (sel) => {
+            using neg = mx.less(sel, 0);
+            using mul = mx.multiply(sel, p);
+            using div = mx.divide(sel, p);
+            return mx.where(neg, mul, div);
+          }),
+        );
       }
       if (s.presencePenalty !== 0) step(updateColumns(out, uniq, (sel) => mx.subtract(sel, s.presencePenalty)));
       if (s.frequencyPenalty !== 0) {

@@ -111,7 +111,8 @@ export class Scheduler {
     this.maxBatch = opts.maxBatch ?? 16;
     if (!Number.isInteger(this.maxBatch) || this.maxBatch < 1) throw new RequestError(`maxBatch must be a positive integer, got ${this.maxBatch}`);
     this.prefillBatch = opts.prefillBatch ?? 8;
-    if (!Number.isInteger(this.prefillBatch) || this.prefillBatch < 1) throw new RequestError(`prefillBatch must be a positive integer, got ${this.prefillBatch}`);
+    if (!Number.isInteger(this.prefillBatch) || this.prefillBatch < 1)
+      throw new RequestError(`prefillBatch must be a positive integer, got ${this.prefillBatch}`);
     this.memoryBudgetBytes = opts.memoryBudgetBytes ?? Math.floor(totalmem() / 2);
     if (!(this.memoryBudgetBytes > 0)) throw new RequestError(`memoryBudgetBytes must be positive, got ${this.memoryBudgetBytes}`);
     this.promptCache = opts.promptCache;
@@ -162,7 +163,8 @@ export class Scheduler {
       throw new RequestError(`the request needs ${bytes} bytes of KV cache, more than the budget of ${this.memoryBudgetBytes}`);
     }
     // Requests whose processors do asynchronous work per token decode plainly (the draft rounds are synchronous).
-    if (this.speculative && this.speculative.draftTokensFor(req) > 0 && !req.logitsProcessors?.some((p) => p.advance)) return this.speculative.generate(req, opts);
+    if (this.speculative && this.speculative.draftTokensFor(req) > 0 && !req.logitsProcessors?.some((p) => p.advance))
+      return this.speculative.generate(req, opts);
     const seq = new Sequence(req, this.engine.loaded.tokenizer);
     this.#pending.push(new Entry(seq, bytes, opts.onPrefill));
     this.#running ??= this.#loop().finally(() => {
@@ -266,13 +268,17 @@ export class Scheduler {
     const g = this.#prefill!;
     const ready: { rows: Entry[]; caches: Cache[] }[] = [];
     try {
-      this.#splitGroup(g, (r) => r.seq.req.signal?.aborted === true, (rows, caches) => {
-        for (const c of caches) c.dispose();
-        for (const r of rows) {
-          r.seq.cancel();
-          this.#end(r);
-        }
-      });
+      this.#splitGroup(
+        g,
+        (r) => r.seq.req.signal?.aborted === true,
+        (rows, caches) => {
+          for (const c of caches) c.dispose();
+          for (const r of rows) {
+            r.seq.cancel();
+            this.#end(r);
+          }
+        },
+      );
       const done = (r: Entry): boolean => g.rest[g.rows.indexOf(r)]!.length === 0;
       const start = (rows: Entry[], caches: Cache[]): void => void ready.push({ rows, caches });
       if (this.#prefill) this.#splitGroup(g, done, start);

@@ -40,7 +40,8 @@ export class Sequence implements Disposable {
     this.processors = [...samplingProcessors(this.sampling), ...(req.logitsProcessors ?? [])];
     this.history = [...req.promptIds];
     this.stopIds = new Set([...tokenizer.eosTokenIds, ...(req.stopTokenIds ?? [])]);
-    if (this.sampling.temperature > 0) this.#keys = new KeyStream(this.sampling.seed ?? Math.floor(Math.random() * 2 ** 31), this.sampling.seed !== undefined ? this.sampling.seedSkip : 0);
+    if (this.sampling.temperature > 0)
+      this.#keys = new KeyStream(this.sampling.seed ?? Math.floor(Math.random() * 2 ** 31), this.sampling.seed !== undefined ? this.sampling.seedSkip : 0);
     this.#detok = tokenizer.streamDecoder({ skipSpecialTokens: req.keepSpecialTokens !== true });
     this.#stop = new StopMatcher(req.stop ?? []);
   }

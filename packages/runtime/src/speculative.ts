@@ -34,16 +34,21 @@ export class SpeculativeDecoder {
     this.numDraftTokens = checkDraftTokens(opts.numDraftTokens ?? DEFAULT_NUM_DRAFT_TOKENS, "numDraftTokens");
     const tv = target.loaded.tokenizer.vocabSize;
     const dv = draft.loaded.tokenizer.vocabSize;
-    if (tv !== dv) throw new MlxError(`the draft model's vocabulary (${dv} tokens) differs from the target's (${tv}); speculative decoding needs a shared tokenizer`);
+    if (tv !== dv)
+      throw new MlxError(`the draft model's vocabulary (${dv} tokens) differs from the target's (${tv}); speculative decoding needs a shared tokenizer`);
     const tl = target.loaded.config.text.vocabSize;
     const dl = draft.loaded.config.text.vocabSize;
     if (tl !== dl) throw new MlxError(`the draft model's output layer has ${dl} logits, the target's ${tl}; speculative decoding needs the same vocabulary`);
     // Refuse at start-up any cache kind whose trims this path cannot make exact.
-    for (const [name, e] of [["target", target], ["draft", draft]] as const) {
+    for (const [name, e] of [
+      ["target", target],
+      ["draft", draft],
+    ] as const) {
       const cs = e.makeCaches();
       try {
         for (const c of cs) {
-          if (!(c instanceof KVCache || c instanceof RotatingKVCache)) throw new MlxError(`speculative decoding: the ${name} model's cache ${c.signature()} cannot be trimmed back`);
+          if (!(c instanceof KVCache || c instanceof RotatingKVCache))
+            throw new MlxError(`speculative decoding: the ${name} model's cache ${c.signature()} cannot be trimmed back`);
         }
       } finally {
         for (const c of cs) c.dispose();

@@ -119,7 +119,9 @@ export function grammarVocabulary(tokenizer: Gemma4Tokenizer): { vocab: string[]
   }
   const norms = tj.normalizer?.type === "Sequence" ? (tj.normalizer.normalizers ?? []) : tj.normalizer ? [tj.normalizer] : [];
   const pre = tj.pre_tokenizer;
-  const prependSpace = norms.some((n: any) => n?.type === "Prepend" && n.prepend === "\u2581") || (pre?.type === "Metaspace" && (pre.prepend_scheme === "always" || pre.prepend_scheme === "first"));
+  const prependSpace =
+    norms.some((n: any) => n?.type === "Prepend" && n.prepend === "\u2581") ||
+    (pre?.type === "Metaspace" && (pre.prepend_scheme === "always" || pre.prepend_scheme === "first"));
   return { vocab, vocabType, prependSpace };
 }
 
@@ -183,7 +185,10 @@ export class StructuredOutputCompiler {
       const [old, p] = this.#cache.entries().next().value!;
       this.#cache.delete(old);
       // Matchers keep their own reference to the grammar: disposing the cache's is safe.
-      p.then((g) => g.dispose(), () => {});
+      p.then(
+        (g) => g.dispose(),
+        () => {},
+      );
     }
     return hit;
   }
@@ -407,7 +412,9 @@ class XGrammarProcessor implements GrammarProcessor {
     this.#live();
     this.#base ??= history.length - this.#ids.length;
     if (history.length - this.#base !== this.#ids.length) {
-      throw new Error(`grammar processor: called with ${history.length - this.#base} generated ids, the matcher has ${this.#ids.length} (advance() was not awaited)`);
+      throw new Error(
+        `grammar processor: called with ${history.length - this.#base} generated ids, the matcher has ${this.#ids.length} (advance() was not awaited)`,
+      );
     }
     return maskLogits(logits, this.#mask, this.vocabSize, this.compiler.stopIds);
   }

@@ -28,7 +28,6 @@ afterAll(() => models.cleanup());
 
 const PROMPT = Array.from({ length: 21 }, (_, i) => 5 + ((i * 37) % 200));
 
-
 type Out = Record<string, any>;
 async function runRanks(n: number, args: string[]): Promise<Out[]> {
   const dir = mkdtempSync(join(tmpdir(), "mlxb-tp-"));

@@ -105,7 +105,12 @@ describe("faults", () => {
     expect(() => Engine.load(models.path("small"), { kv: "q8" })).toThrow(/group size 64/);
     // A forward pass that fails mid-generation.
     const loaded = (await import("@mlx-bun/models")).loadModel(models.path("small"));
-    const failing = { makeCaches: (m?: Parameters<typeof loaded.model.makeCaches>[0]) => loaded.model.makeCaches(m), forward: () => { throw new Error("the forward pass failed: group size 64 (injected)"); } };
+    const failing = {
+      makeCaches: (m?: Parameters<typeof loaded.model.makeCaches>[0]) => loaded.model.makeCaches(m),
+      forward: () => {
+        throw new Error("the forward pass failed: group size 64 (injected)");
+      },
+    };
     using e = new Engine(loaded, { stepModel: failing });
     const s = e.generate({ promptIds: PROMPT, maxTokens: 4 });
     await expect(s.result).rejects.toThrow(/group size 64/);

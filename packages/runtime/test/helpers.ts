@@ -27,7 +27,17 @@ export function mlxLmGenerate(
 ): { tokens: number[]; logprobs: number[] } {
   const extra = [...(processors.ban?.length ? ["--ban", processors.ban.join(",")] : []), ...(processors.noRepeat ? ["--no-repeat"] : [])];
   return JSON.parse(
-    runPython([join(ROOT, "tools", "oracle", "generate_oracle.py"), dir, "--ids", ids.join(","), "--max-tokens", String(maxTokens), "--prefill-step", String(prefillStep), ...extra]),
+    runPython([
+      join(ROOT, "tools", "oracle", "generate_oracle.py"),
+      dir,
+      "--ids",
+      ids.join(","),
+      "--max-tokens",
+      String(maxTokens),
+      "--prefill-step",
+      String(prefillStep),
+      ...extra,
+    ]),
   ) as { tokens: number[]; logprobs: number[] };
 }
 
@@ -40,7 +50,21 @@ export function mlxLmGenerate(
  */
 export function speculativePairs(variants: string[]): Record<string, string[]> {
   const base = ["--dtype", "float32", "--set", "head_dim=64"];
-  const small = ["--variant", "dense", ...base, "--seed", "7", "--set", "num_hidden_layers=2", "--set", 'layer_types=["sliding_attention","full_attention"]', "--set", "hidden_size=32", "--set", "intermediate_size=64"];
+  const small = [
+    "--variant",
+    "dense",
+    ...base,
+    "--seed",
+    "7",
+    "--set",
+    "num_hidden_layers=2",
+    "--set",
+    'layer_types=["sliding_attention","full_attention"]',
+    "--set",
+    "hidden_size=32",
+    "--set",
+    "intermediate_size=64",
+  ];
   const out: Record<string, string[]> = {
     "draft-small": small,
     "draft-vocab": [...small, "--set", "vocab_size=256", "--set", "vocab_size_per_layer_input=256"],
@@ -57,9 +81,23 @@ export function speculativePairs(variants: string[]): Record<string, string[]> {
 }
 
 /** mlx-lm's speculative tokens (and which came from the draft) and its plain greedy tokens, per [target, draft] pair, in one process. */
-export function mlxLmSpeculative(pairs: [string, string][], ids: number[], maxTokens: number, numDraft: number): { tokens: number[]; from_draft: boolean[]; plain: number[] }[] {
+export function mlxLmSpeculative(
+  pairs: [string, string][],
+  ids: number[],
+  maxTokens: number,
+  numDraft: number,
+): { tokens: number[]; from_draft: boolean[]; plain: number[] }[] {
   const out = JSON.parse(
-    runPython([join(ROOT, "tools", "oracle", "speculative_oracle.py"), ...pairs.flat(), "--ids", ids.join(","), "--max-tokens", String(maxTokens), "--num-draft-tokens", String(numDraft)]),
+    runPython([
+      join(ROOT, "tools", "oracle", "speculative_oracle.py"),
+      ...pairs.flat(),
+      "--ids",
+      ids.join(","),
+      "--max-tokens",
+      String(maxTokens),
+      "--num-draft-tokens",
+      String(numDraft),
+    ]),
   ) as { tokens: number[]; from_draft: boolean[]; plain: number[] } | { tokens: number[]; from_draft: boolean[]; plain: number[] }[];
   return Array.isArray(out) ? out : [out];
 }

@@ -4,8 +4,8 @@ const int = (minimum: number, maximum: number) => ({ type: "integer", minimum, m
 
 /** Schemas whose instances are bounded (the random model must be able to finish them). */
 export const SCHEMAS: Record<string, object> = {
-  "boolean": { type: "boolean" },
-  "null": { type: "null" },
+  boolean: { type: "boolean" },
+  null: { type: "null" },
   "integer range": int(-50, 50),
   "integer exclusive range": { type: "integer", exclusiveMinimum: 3, exclusiveMaximum: 9 },
   "integer negative range": int(-1200, -1000),
@@ -40,16 +40,25 @@ export const SCHEMAS: Record<string, object> = {
     properties: { user: { type: "object", properties: { name: str(5), age: int(0, 120) }, required: ["name", "age"] }, active: { type: "boolean" } },
     required: ["user", "active"],
   },
-  "deeply nested": { type: "object", properties: { a: { type: "object", properties: { b: { type: "object", properties: { c: { enum: [1, 2] } }, required: ["c"] } }, required: ["b"] } }, required: ["a"] },
+  "deeply nested": {
+    type: "object",
+    properties: { a: { type: "object", properties: { b: { type: "object", properties: { c: { enum: [1, 2] } }, required: ["c"] } }, required: ["b"] } },
+    required: ["a"],
+  },
   "array bounded": { type: "array", items: int(0, 9), maxItems: 4 },
   "array min/max items": { type: "array", items: { type: "boolean" }, minItems: 2, maxItems: 3 },
   "array exact items": { type: "array", items: { enum: ["x", "y"] }, minItems: 3, maxItems: 3 },
   "array of objects": { type: "array", items: { type: "object", properties: { k: str(3), v: int(0, 9) }, required: ["k", "v"] }, minItems: 1, maxItems: 2 },
   "array nested": { type: "array", items: { type: "array", items: int(-1, 1), maxItems: 2 }, maxItems: 2 },
-  "prefixItems": { type: "array", prefixItems: [{ const: "tag" }, int(0, 5), { type: "boolean" }] },
+  prefixItems: { type: "array", prefixItems: [{ const: "tag" }, int(0, 5), { type: "boolean" }] },
   "prefixItems and items": { type: "array", prefixItems: [str(2)], items: { type: "null" }, maxItems: 3 },
   "anyOf scalars": { anyOf: [str(3), int(0, 9), { type: "null" }] },
-  "anyOf objects": { anyOf: [{ type: "object", properties: { a: int(0, 1) }, required: ["a"] }, { type: "object", properties: { b: str(2) }, required: ["b"] }] },
+  "anyOf objects": {
+    anyOf: [
+      { type: "object", properties: { a: int(0, 1) }, required: ["a"] },
+      { type: "object", properties: { b: str(2) }, required: ["b"] },
+    ],
+  },
   "oneOf disjoint types": { oneOf: [{ type: "boolean" }, int(0, 3)] },
   "oneOf tagged union": {
     oneOf: [
@@ -68,7 +77,7 @@ export const SCHEMAS: Record<string, object> = {
   "$ref root": { $ref: "#/$defs/Leaf", $defs: { Leaf: { type: "object", properties: { v: { type: "boolean" } }, required: ["v"] } } },
   "map of integers": { type: "object", additionalProperties: int(0, 9) },
   "nullable via anyOf": { type: "object", properties: { n: { anyOf: [str(4), { type: "null" }] } }, required: ["n"] },
-  "person": {
+  person: {
     $schema: "https://json-schema.org/draft/2020-12/schema",
     title: "Person",
     type: "object",
@@ -82,20 +91,28 @@ export const SCHEMAS: Record<string, object> = {
     required: ["first", "last", "born"],
     additionalProperties: false,
   },
-  "order": {
+  order: {
     type: "object",
     properties: {
       id: { type: "string", format: "uuid" },
-      items: { type: "array", items: { type: "object", properties: { sku: { type: "string", pattern: "^[A-Z]{3}\\d{2}$" }, qty: int(1, 20) }, required: ["sku", "qty"] }, minItems: 1, maxItems: 2 },
+      items: {
+        type: "array",
+        items: { type: "object", properties: { sku: { type: "string", pattern: "^[A-Z]{3}\\d{2}$" }, qty: int(1, 20) }, required: ["sku", "qty"] },
+        minItems: 1,
+        maxItems: 2,
+      },
       status: { enum: ["new", "paid", "shipped"] },
       note: { anyOf: [str(5), { type: "null" }] },
     },
     required: ["id", "items", "status"],
   },
-  "event": { type: "object", properties: { at: { type: "string", format: "date-time" }, host: { type: "string", format: "ipv4" }, ok: { type: "boolean" } }, required: ["at", "host", "ok"] },
+  event: {
+    type: "object",
+    properties: { at: { type: "string", format: "date-time" }, host: { type: "string", format: "ipv4" }, ok: { type: "boolean" } },
+    required: ["at", "host", "ok"],
+  },
   "empty object": { type: "object", properties: {} },
   "boolean true item": { type: "array", prefixItems: [true], items: false },
 };
 // "map of integers" and "boolean true item" generate unbounded keys/values: random walks only.
 export const WALK_ONLY = new Set(["map of integers", "boolean true item"]);
-

@@ -148,14 +148,22 @@ describe("bad files: a clear error, the file intact, the caller's caches unchang
   const cases: [string, () => { file: string; fingerprint?: string; kv?: string; model?: string }, RegExp][] = [
     ["another model (other architecture)", () => ({ file: good, model: "dense" }), /saved from another model \(fingerprint [0-9a-f]+\), this model is/],
     ["another model (same architecture, other weights)", () => ({ file: good, model: "small-seed1" }), /saved from another model/],
-    ["another format version", () => ({ file: withMetadata("v3.safetensors", { "0.mlx_bun_format_version": "3" }) }), /format version 3, but this build reads version 2/],
+    [
+      "another format version",
+      () => ({ file: withMetadata("v3.safetensors", { "0.mlx_bun_format_version": "3" }) }),
+      /format version 3, but this build reads version 2/,
+    ],
     [
       "a version 1 file (an older mlx-bun)",
       () => ({ file: rewrite("v1.safetensors", () => ({ "mlx_bun.format": "mlx-bun/kv-store", "mlx_bun.format_version": "1" })) }),
       /format version 1 \(an older mlx-bun\), but this build reads version 2; save the snapshot again/,
     ],
     ["not a KV snapshot", () => ({ file: withMetadata("nota.safetensors", { "0.mlx_bun_format": "something-else" }) }), /not an mlx-bun KV snapshot/],
-    ["a safetensors file that is no prompt cache", () => ({ file: rewrite("plain.safetensors", () => ({})) }), /not a prompt cache: neither an mlx-bun KV snapshot .* nor mlx-lm's save_prompt_cache format/],
+    [
+      "a safetensors file that is no prompt cache",
+      () => ({ file: rewrite("plain.safetensors", () => ({})) }),
+      /not a prompt cache: neither an mlx-bun KV snapshot .* nor mlx-lm's save_prompt_cache format/,
+    ],
     [
       "a dtype relabelled to another of the same size (BF16 -> F16)",
       () => ({
@@ -169,8 +177,16 @@ describe("bad files: a clear error, the file intact, the caller's caches unchang
       }),
       /the header does not match its hash .*: corrupt or edited snapshot/,
     ],
-    ["the token-hash field deleted", () => ({ file: rewrite("notokhash.safetensors", (md) => without(md, "0.mlx_bun_tokens_xxh3")) }), /the header does not match its hash/],
-    ["the header hash deleted", () => ({ file: rewrite("nohash.safetensors", (md) => without(md, "0.mlx_bun_header_xxh3")) }), /metadata 0\.mlx_bun_header_xxh3 is missing: corrupt or edited snapshot/],
+    [
+      "the token-hash field deleted",
+      () => ({ file: rewrite("notokhash.safetensors", (md) => without(md, "0.mlx_bun_tokens_xxh3")) }),
+      /the header does not match its hash/,
+    ],
+    [
+      "the header hash deleted",
+      () => ({ file: rewrite("nohash.safetensors", (md) => without(md, "0.mlx_bun_header_xxh3")) }),
+      /metadata 0\.mlx_bun_header_xxh3 is missing: corrupt or edited snapshot/,
+    ],
     ["a FIFO (refused without blocking)", () => ({ file: fifo("pipe.safetensors") }), /a FIFO, not a regular file/],
     [
       "truncated",
@@ -199,7 +215,11 @@ describe("bad files: a clear error, the file intact, the caller's caches unchang
       }),
       /tensor '\d+\.(\d+(\.\d+)?' \(layer \d+\)|tokens') does not match its saved hash: corrupt data/,
     ],
-    ["signature mismatch (another KV mode)", () => ({ file: good, kv: "q8" }), /cache signatures differ .*layer 0: file rotating:8:0:kv:plain, model rotating:8:0:kv:quant:8:32/],
+    [
+      "signature mismatch (another KV mode)",
+      () => ({ file: good, kv: "q8" }),
+      /cache signatures differ .*layer 0: file rotating:8:0:kv:plain, model rotating:8:0:kv:quant:8:32/,
+    ],
     ["missing file", () => ({ file: join(tmp.dir, "nope.safetensors") }), /file not found/],
   ];
   for (const [what, setup, message] of cases) {
@@ -232,7 +252,13 @@ describe("bad files: a clear error, the file intact, the caller's caches unchang
   test("a failed save leaves the existing file intact and no temporary file", () => {
     const lm = models.get("small")!;
     const before = readFileSync(good);
-    const broken = { ...held[0]!, offset: held[0]!.offset, state: () => { throw new Error("boom"); } } as unknown as Cache;
+    const broken = {
+      ...held[0]!,
+      offset: held[0]!.offset,
+      state: () => {
+        throw new Error("boom");
+      },
+    } as unknown as Cache;
     expect(() => savePromptCache(good, { fingerprint: lm.fingerprint, caches: [broken], tokens: promptIds(held[0]!.offset) })).toThrow(/boom/);
     const disposed = MlxArray.fromNumbers([1], [1], "int32");
     disposed.dispose();
@@ -293,7 +319,9 @@ describe("the file is mlx-lm's save_prompt_cache layout", () => {
     const saved = savePromptCache(file, { fingerprint: lm.fingerprint, caches: c, tokens: promptIds(5) });
     disposeCaches(c);
     expect(saved.removedTemps).toEqual([dead]);
-    expect(readdirSync(tmp.dir)).toEqual(expect.arrayContaining([".other.safetensors.999999999.1700000000000.abc123.tmp", `.temps.safetensors.${process.ppid}.1700000000000.def456.tmp`]));
+    expect(readdirSync(tmp.dir)).toEqual(
+      expect.arrayContaining([".other.safetensors.999999999.1700000000000.abc123.tmp", `.temps.safetensors.${process.ppid}.1700000000000.def456.tmp`]),
+    );
     expect(readdirSync(tmp.dir)).not.toContain(".temps.safetensors.999999999.1700000000000.abc123.tmp");
   });
 });

@@ -126,10 +126,7 @@ describe("XTC = mlx-lm's apply_xtc / make_sampler on the same inputs and seed", 
       ["t05", "lp32", 0.5, []],
       ["bf16_t005", "lp16", 0.05, [top[1]!]],
     ];
-    using ref = oracle(
-      { lp32, lp16 },
-      Object.fromEntries(cases.map(([id, x, t, sp]) => [id, `${SU}.apply_xtc(${x}, 1.0, ${t}, ${list(sp)})`])),
-    );
+    using ref = oracle({ lp32, lp16 }, Object.fromEntries(cases.map(([id, x, t, sp]) => [id, `${SU}.apply_xtc(${x}, 1.0, ${t}, ${list(sp)})`])));
     let changed = 0;
     for (const [id, x, t, sp] of cases) {
       const lp = x === "lp32" ? lp32 : lp16;
@@ -151,8 +148,20 @@ describe("XTC = mlx-lm's apply_xtc / make_sampler on the same inputs and seed", 
     const cases: Case[] = [
       ["p05_t01", "lp32", { temperature: 1, xtcProbability: 0.5, xtcThreshold: 0.1 }, [], "1.0, xtc_probability=0.5, xtc_threshold=0.1"],
       ["p1_t005", "lp32", { temperature: 0.7, xtcProbability: 1, xtcThreshold: 0.05 }, [], "0.7, xtc_probability=1.0, xtc_threshold=0.05"],
-      ["p03_t002_sp", "lp32", { temperature: 1.2, xtcProbability: 0.3, xtcThreshold: 0.02, seed: 0 }, [1, 6, 2], "1.2, xtc_probability=0.3, xtc_threshold=0.02"],
-      ["chain", "lp32", { temperature: 0.9, topP: 0.9, minP: 0.02, topK: 12, xtcProbability: 0.6, xtcThreshold: 0.05 }, [3], "0.9, top_p=0.9, min_p=0.02, top_k=12, xtc_probability=0.6, xtc_threshold=0.05"],
+      [
+        "p03_t002_sp",
+        "lp32",
+        { temperature: 1.2, xtcProbability: 0.3, xtcThreshold: 0.02, seed: 0 },
+        [1, 6, 2],
+        "1.2, xtc_probability=0.3, xtc_threshold=0.02",
+      ],
+      [
+        "chain",
+        "lp32",
+        { temperature: 0.9, topP: 0.9, minP: 0.02, topK: 12, xtcProbability: 0.6, xtcThreshold: 0.05 },
+        [3],
+        "0.9, top_p=0.9, min_p=0.02, top_k=12, xtc_probability=0.6, xtc_threshold=0.05",
+      ],
       ["bf16", "lp16", { temperature: 1, xtcProbability: 0.8, xtcThreshold: 0.03 }, [7], "1.0, xtc_probability=0.8, xtc_threshold=0.03"],
       // mlx_lm.generate --min-tokens-to-keep: min-p keeps at least this many of the most likely tokens.
       ["minkeep", "lp32", { temperature: 1, minP: 0.9, minTokensToKeep: 4 }, [], "1.0, min_p=0.9, min_tokens_to_keep=4"],
@@ -212,7 +221,12 @@ describe("seeded generation with XTC = mlx-lm generate_step", () => {
       args.push("--temp", String(r.temp), "--seed", String(r.seed), "--xtc-probability", String(r.p), "--xtc-threshold", String(r.t));
       const ref = JSON.parse(runPython(args)) as { tokens: number[]; logprobs: number[]; xtc_special_tokens: number[] };
       expect(xtcSpecialTokens(e.loaded.tokenizer).sort()).toEqual([...ref.xtc_special_tokens].sort());
-      const s = e.generate({ promptIds: PROMPT, maxTokens: 16, logprobs: 0, sampling: { temperature: r.temp, seed: r.seed, xtcProbability: r.p, xtcThreshold: r.t } });
+      const s = e.generate({
+        promptIds: PROMPT,
+        maxTokens: 16,
+        logprobs: 0,
+        sampling: { temperature: r.temp, seed: r.seed, xtcProbability: r.p, xtcThreshold: r.t },
+      });
       const lps: number[] = [];
       for await (const ev of s) lps.push(ev.logprob!);
       const res = await s.result;

@@ -69,7 +69,7 @@ describe("continuous batching", () => {
         const ac = new AbortController();
         const s = sched.submit({ ...r, signal: ac.signal });
         let n = 0;
-        for await (const _ of s) if (cancel.has(i) && ++n === 2 + i % 3) ac.abort();
+        for await (const _ of s) if (cancel.has(i) && ++n === 2 + (i % 3)) ac.abort();
         return s.result;
       }),
     );

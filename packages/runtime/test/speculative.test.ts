@@ -32,7 +32,10 @@ describe("greedy speculative output equals plain greedy output", () => {
         for (const prompt of [LONG, SHORT]) {
           const req = { promptIds: prompt, maxTokens: 12 };
           const plain = await tokens(target, req);
-          for (const [draft, k] of [[close, 3], [small, 2]] as const) {
+          for (const [draft, k] of [
+            [close, 3],
+            [small, 2],
+          ] as const) {
             const sd = new SpeculativeDecoder(target, draft, { numDraftTokens: k });
             const r = await sd.generate(req).result;
             expect(r.tokens, `draft ${draft === close ? "4-bit" : "small"}, k ${k}, prompt ${prompt.length}`).toEqual(plain);
@@ -47,10 +50,21 @@ describe("greedy speculative output equals plain greedy output", () => {
   test("equals mlx-lm's speculative_generate_step on the same pair, float32 and bf16 targets (a window that does not wrap: mlx-lm's rotating trim is exact only then)", async () => {
     // A prompt whose 20 greedy tokens hold no eos on either pair (mlx-lm's step function does not stop there).
     const prompt = LONG.slice(0, 16);
-    const [f32, bf16] = mlxLmSpeculative([[models.path("w64"), models.path("w64-draft4bit")], [models.path("w64-bf16"), models.path("w64-bf16-draft4bit")]], prompt, 20, 3);
+    const [f32, bf16] = mlxLmSpeculative(
+      [
+        [models.path("w64"), models.path("w64-draft4bit")],
+        [models.path("w64-bf16"), models.path("w64-bf16-draft4bit")],
+      ],
+      prompt,
+      20,
+      3,
+    );
     // float32: mlx-lm's speculative tokens are its plain greedy tokens, and so are ours.
     expect(f32!.tokens).toEqual(f32!.plain);
-    for (const [name, ref] of [["w64", f32!], ["w64-bf16", bf16!]] as const) {
+    for (const [name, ref] of [
+      ["w64", f32!],
+      ["w64-bf16", bf16!],
+    ] as const) {
       using target = Engine.load(models.path(name));
       using draft = Engine.load(models.path(`${name}-draft4bit`));
       const r = await new SpeculativeDecoder(target, draft, { numDraftTokens: 3 }).generate({ promptIds: prompt, maxTokens: 20 }).result;

@@ -38,7 +38,11 @@ function validator(schema: object) {
 
 const solo = { submit: (r: GenerateRequest) => engine.generate(r) };
 
-async function run(sched: { submit(r: GenerateRequest): ReturnType<Scheduler["submit"]> }, format: StructuredFormat, req: Omit<GenerateRequest, "logitsProcessors">) {
+async function run(
+  sched: { submit(r: GenerateRequest): ReturnType<Scheduler["submit"]> },
+  format: StructuredFormat,
+  req: Omit<GenerateRequest, "logitsProcessors">,
+) {
   const p = await grammarProcessor(engine.loaded.tokenizer, format, { promptTokens: req.promptIds.length });
   try {
     const s = sched.submit({ ...req, logitsProcessors: [p] });
@@ -64,7 +68,8 @@ describe("schemas on a tiny model", () => {
           const k = i++;
           jobs.push(
             run(sched, { type: "json_schema", schema }, { promptIds: prompt(k), maxTokens: 400, sampling }).then((r) => {
-              if (r.finishReason !== "stop") throw new Error(`${name} ${JSON.stringify(sampling)}: finished by ${r.finishReason} after ${r.tokens.length} tokens: ${r.text}`);
+              if (r.finishReason !== "stop")
+                throw new Error(`${name} ${JSON.stringify(sampling)}: finished by ${r.finishReason} after ${r.tokens.length} tokens: ${r.text}`);
               try {
                 check(r.text);
               } catch (e) {
@@ -94,7 +99,7 @@ describe("every allowed keyword is enforced: random walks through the masks", ()
   const stops = () => [...engine.loaded.tokenizer.eosTokenIds];
   async function walk(format: StructuredFormat, seed: number, maxSteps = 200): Promise<string | null> {
     let s = seed;
-    const rnd = () => (s = (s * 1103515245 + 12345) >>> 0) / 2 ** 32;
+    const rnd = () => (s = (Math.imul(s, 1103515245) + 12345) >>> 0) / 2 ** 32;
     const tok = engine.loaded.tokenizer;
     const p = await grammarProcessor(tok, format, { promptTokens: 1 });
     using zeros = MlxArray.fromTypedArray(new Float32Array(tok.vocabSize + 40), [1, tok.vocabSize + 40]);
@@ -175,7 +180,12 @@ describe("refused schemas", () => {
     ["backreference", { type: "string", pattern: "(a)\\1" }, "pattern", "/pattern"],
     ["literal quote in pattern", { type: "string", pattern: 'a"b' }, "pattern", "/pattern"],
     ["required not in properties", { type: "object", properties: { a: { type: "boolean" } }, required: ["a", "b"] }, "required", "/required/1"],
-    ["additionalProperties next to properties", { type: "object", properties: { a: { type: "boolean" } }, additionalProperties: true }, "additionalProperties", "/additionalProperties"],
+    [
+      "additionalProperties next to properties",
+      { type: "object", properties: { a: { type: "boolean" } }, additionalProperties: true },
+      "additionalProperties",
+      "/additionalProperties",
+    ],
     ["oneOf overlapping", { oneOf: [{ type: "string" }, { type: "string", maxLength: 2 }] }, "oneOf", "/oneOf"],
     ["allOf of two", { allOf: [{ type: "object" }, { required: [] }] }, "allOf", "/allOf"],
     ["sibling of $ref", { $defs: { A: { type: "string" } }, $ref: "#/$defs/A", maxLength: 2 }, "maxLength", "/maxLength"],
@@ -269,7 +279,10 @@ describe("processor", () => {
     const V = 70;
     const words = new Int32Array(2);
     for (const id of [0, 5, 31, 33, 63]) words[id >> 5]! |= 1 << (id & 31);
-    using logits = MlxArray.fromTypedArray(Float32Array.from({ length: V }, (_, i) => i), [1, V]);
+    using logits = MlxArray.fromTypedArray(
+      Float32Array.from({ length: V }, (_, i) => i),
+      [1, V],
+    );
     // The vocabulary is 40: bit 63 is beyond it.
     using out = maskLogits(logits, words, 40, [1]);
     const row = out.toFloat64Array();

@@ -11,8 +11,7 @@ const shipped = fileURLToPath(new URL("../model", import.meta.url));
 const setup = fileURLToPath(new URL("../../../.native/models/tiny-gemma4", import.meta.url));
 
 /** The checkpoint's directory (config.json, model.safetensors, tokenizer, chat template). */
-export const tinyModelDir: string =
-  existsSync(join(shipped, "config.json")) || !existsSync(join(setup, "config.json")) ? shipped : setup;
+export const tinyModelDir: string = existsSync(join(shipped, "config.json")) || !existsSync(join(setup, "config.json")) ? shipped : setup;
 
 /** The name it is served and shown under. */
 export const tinyModelId = "tiny-gemma4";

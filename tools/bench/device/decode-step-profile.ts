@@ -7,7 +7,8 @@
 //     Engine.generate (background evaluation) ms per token; paths interleaved per repetition.
 //   ncu --profile-from-start off ... .native/bin/bun tools/bench/device/decode-step-profile.ts --model DIR --ncu
 //     warms both paths up (MLX JIT-compiles its kernels on first use), then between
-//     cudaProfilerStart/Stop: one exact step, a marker kernel (mlxb_profile_marker), one fast step.
+//     cuProfilerStart/Stop (the driver's: MLX links the CUDA runtime statically): one exact step, a
+//     marker kernel (mlxb_profile_marker), one fast step.
 // The model's KV cache holds the prompt plus the warm-up tokens (~100 tokens).
 import { dlopen, FFIType } from "bun:ffi";
 import { existsSync, readFileSync } from "node:fs";
@@ -31,9 +32,13 @@ const t0 = performance.now();
 using engine = Engine.load(model, { kv: "bf16" });
 log(`loaded ${model} in ${((performance.now() - t0) / 1000).toFixed(1)}s; qmv kernel path ${mx.kernels.qmv_kernel.path()}`);
 const { tokenizer, template } = engine.loaded;
-const prompt = template!.apply(tokenizer, [{ role: "user", content: "Hello world! What is the capital of France? Write a short poem about the sea and the sky." }], {
-  addGenerationPrompt: true,
-});
+const prompt = template!.apply(
+  tokenizer,
+  [{ role: "user", content: "Hello world! What is the capital of France? Write a short poem about the sea and the sky." }],
+  {
+    addGenerationPrompt: true,
+  },
+);
 const PATHS = { exact: "off", fast: "on" } as const;
 type PathName = keyof typeof PATHS;
 const use = (p: PathName) => mx.kernels.set_fast_qmv(PATHS[p]);
@@ -89,10 +94,12 @@ async function generateMs(n: number): Promise<number> {
 }
 
 if (has("ncu")) {
-  // cudaProfilerStart/Stop from the CUDA runtime MLX loaded (found in this process's mappings).
   const maps = readFileSync("/proc/self/maps", "utf8");
   // MLX links the CUDA runtime statically: use the driver's cuProfilerStart/Stop (libcuda is mapped).
-  const cudart = maps.split("\n").map((l) => l.split(/\s+/).at(-1) ?? "").find((p) => /\/libcuda\.so[.\d]*$/.test(p));
+  const cudart = maps
+    .split("\n")
+    .map((l) => l.split(/\s+/).at(-1) ?? "")
+    .find((p) => /\/libcuda\.so[.\d]*$/.test(p));
   if (!cudart) throw new Error("libcuda is not mapped in this process (not MLX's CUDA backend?)");
   const drv = dlopen(cudart, { cuProfilerStart: { args: [], returns: FFIType.i32 }, cuProfilerStop: { args: [], returns: FFIType.i32 } });
   const rt = { symbols: { cudaProfilerStart: () => drv.symbols.cuProfilerStart(), cudaProfilerStop: () => drv.symbols.cuProfilerStop() } };

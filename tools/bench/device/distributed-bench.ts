@@ -6,7 +6,9 @@ import { parseArgs } from "node:util";
 import { shardModel } from "@mlx-bun/models";
 import { backendAvailable, Engine, joinGroup, LeaderModel, type Backend } from "@mlx-bun/runtime";
 
-const { values } = parseArgs({ options: { model: { type: "string" }, "prompt-tokens": { type: "string", default: "512" }, "decode-tokens": { type: "string", default: "128" } } });
+const { values } = parseArgs({
+  options: { model: { type: "string" }, "prompt-tokens": { type: "string", default: "512" }, "decode-tokens": { type: "string", default: "128" } },
+});
 if (!values.model) throw new Error("--model <dir> is required");
 const P = Number(values["prompt-tokens"]);
 const D = Number(values["decode-tokens"]);
@@ -23,7 +25,16 @@ async function run(engine: Engine, label: string): Promise<void> {
   const s = engine.generate({ promptIds: prompt, maxTokens: D, sampling: { temperature: 0 } });
   for await (const _ of s) void _;
   const r = await s.result;
-  console.log(JSON.stringify({ label, prompt_tokens: P, prefill_tps: P / r.ttft, decode_tokens: r.tokens.length, decode_tps: r.tokens.length / r.decodeSeconds, first_tokens: r.tokens.slice(0, 8) }));
+  console.log(
+    JSON.stringify({
+      label,
+      prompt_tokens: P,
+      prefill_tps: P / r.ttft,
+      decode_tokens: r.tokens.length,
+      decode_tps: r.tokens.length / r.decodeSeconds,
+      first_tokens: r.tokens.slice(0, 8),
+    }),
+  );
 }
 
 {

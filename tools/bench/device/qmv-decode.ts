@@ -29,9 +29,13 @@ const log = (s: string) => process.stderr.write(`[qmv-decode +${(performance.now
 
 const engine = Engine.load(model, { kv: "bf16" });
 const { tokenizer, template } = engine.loaded;
-const prompt = template!.apply(tokenizer, [{ role: "user", content: "Hello world! What is the capital of France? Write a short poem about the sea and the sky." }], {
-  addGenerationPrompt: true,
-});
+const prompt = template!.apply(
+  tokenizer,
+  [{ role: "user", content: "Hello world! What is the capital of France? Write a short poem about the sea and the sky." }],
+  {
+    addGenerationPrompt: true,
+  },
+);
 const use = (p: "exact" | "fast") => mx.kernels.set_fast_qmv(p === "exact" ? "off" : "on");
 const result: Record<string, unknown> = { model, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };
 const save = () => JSON_OUT && writeFileSync(JSON_OUT, JSON.stringify(result, null, 1));
@@ -55,7 +59,8 @@ function run(path: "exact" | "fast", feed?: number[]): { tokens: number[]; logpr
       evaluate(p.token, lp);
       const t = p.token.item() as number;
       p.token.dispose();
-      if (i > 0) logprobs.push(lp); // rows of decode steps only (the prompt row is a prefill)
+      if (i > 0)
+        logprobs.push(lp); // rows of decode steps only (the prompt row is a prefill)
       else lp.dispose();
       tokens.push(t);
       ids = MlxArray.fromNumbers([feed ? feed[i]! : t], [1, 1], "int32");

@@ -52,7 +52,9 @@ export async function runCachePrompt(o: CachePromptOptions): Promise<number> {
         model: model.source === "bundled" ? model.dir : model.id,
         tokenizerConfig: { trust_remote_code: Boolean(o.trustRemoteCode), ...(o.eosToken !== undefined ? { eos_token: o.eosToken } : {}) },
       });
-      process.stdout.write(`Saved ${saved.offset} tokens to ${o.promptCacheFile} (${saved.bytes} bytes${saved.mlxLmReadable ? "" : "; KV mode without an mlx-lm class: readable by mlx-bun only"})\n`);
+      process.stdout.write(
+        `Saved ${saved.offset} tokens to ${o.promptCacheFile} (${saved.bytes} bytes${saved.mlxLmReadable ? "" : "; KV mode without an mlx-lm class: readable by mlx-bun only"})\n`,
+      );
     } finally {
       for (const c of caches) c.dispose();
     }

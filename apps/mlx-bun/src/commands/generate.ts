@@ -41,7 +41,15 @@ export function timings(r: GenerationResult, totalSeconds: number) {
     decode_s: r.decodeSeconds,
     total_s: totalSeconds,
     peak_memory_gb: memory.peak() / 1e9,
-    ...(r.speculative ? { speculative: { drafted_tokens: r.speculative.drafted, accepted_tokens: r.speculative.accepted, acceptance_rate: r.speculative.drafted ? r.speculative.accepted / r.speculative.drafted : 0 } } : {}),
+    ...(r.speculative
+      ? {
+          speculative: {
+            drafted_tokens: r.speculative.drafted,
+            accepted_tokens: r.speculative.accepted,
+            acceptance_rate: r.speculative.drafted ? r.speculative.accepted / r.speculative.drafted : 0,
+          },
+        }
+      : {}),
   };
 }
 
@@ -51,7 +59,12 @@ export function timings(r: GenerationResult, totalSeconds: number) {
  * a second <bos>; else the raw text with <bos>. With a prompt cache, only the part after the
  * cached start of the message (renderAfterCachedPrefix).
  */
-export function generatePrompt(m: PromptModel, text: string, o: Pick<GenerateOptions, "ignoreChatTemplate" | "systemPrompt" | "chatTemplateConfig" | "prefillResponse">, cached: boolean): number[] {
+export function generatePrompt(
+  m: PromptModel,
+  text: string,
+  o: Pick<GenerateOptions, "ignoreChatTemplate" | "systemPrompt" | "chatTemplateConfig" | "prefillResponse">,
+  cached: boolean,
+): number[] {
   if (o.ignoreChatTemplate || !m.template) return rawPromptIds(m, text);
   const messages: ChatMessage[] = [];
   if (o.systemPrompt !== undefined) messages.push({ role: "system", content: o.systemPrompt });
@@ -61,7 +74,11 @@ export function generatePrompt(m: PromptModel, text: string, o: Pick<GenerateOpt
   const flags = { addGenerationPrompt: !prefill, continueFinalMessage: prefill, kwargs: o.chatTemplateConfig ?? null };
   const rendered = cached
     ? renderAfterCachedPrefix(m, messages, messages.length - 1, flags)
-    : m.template.render(messages, { addGenerationPrompt: flags.addGenerationPrompt, continueFinalMessage: flags.continueFinalMessage, kwargs: templateKwargs(m.tokenizer, flags.kwargs) });
+    : m.template.render(messages, {
+        addGenerationPrompt: flags.addGenerationPrompt,
+        continueFinalMessage: flags.continueFinalMessage,
+        kwargs: templateKwargs(m.tokenizer, flags.kwargs),
+      });
   return m.tokenizer.encode(rendered, { addSpecialTokens: false });
 }
 
@@ -82,7 +99,10 @@ export function checkQuantizeActivations(quant: { mode: string; overrides: Map<s
   if (!quant) return; // no QuantizedLinear: mlx_lm changes nothing either
   const modes = new Set([quant.mode, ...[...quant.overrides.values()].flatMap((q) => (q ? [q.mode] : []))]);
   const other = [...modes].filter((m) => m !== "nvfp4" && m !== "mxfp8");
-  if (other.length) throw new UsageError(`--quantize-activations: this checkpoint's layers are ${other.join(", ")}-quantized; only nvfp4 and mxfp8 layers support activation quantization (mlx_lm refuses them too)`);
+  if (other.length)
+    throw new UsageError(
+      `--quantize-activations: this checkpoint's layers are ${other.join(", ")}-quantized; only nvfp4 and mxfp8 layers support activation quantization (mlx_lm refuses them too)`,
+    );
   throw new UsageError("--quantize-activations: activation quantization of nvfp4/mxfp8 layers (mlx's QQLinear, mx.qqmm) is not implemented in mlx-bun");
 }
 
@@ -129,7 +149,12 @@ export async function runGenerate(o: GenerateOptions): Promise<number> {
       promptIds,
       maxTokens: o.maxTokens,
       // With --seed, the draws mlx_lm.generate makes: its model constructors took keys first (target, then draft).
-      sampling: { ...samplingFrom(o), ...(o.seed !== undefined ? { seedSkip: mlxLmLoadDraws(engine.loaded, adapterLayers.get(engine)) + (spec ? mlxLmLoadDraws(spec.draft.loaded) : 0) } : {}) },
+      sampling: {
+        ...samplingFrom(o),
+        ...(o.seed !== undefined
+          ? { seedSkip: mlxLmLoadDraws(engine.loaded, adapterLayers.get(engine)) + (spec ? mlxLmLoadDraws(spec.draft.loaded) : 0) }
+          : {}),
+      },
       // mlx_lm prints the detokenizer's text, special tokens included.
       keepSpecialTokens: true,
       ...(stopTokenIds.length ? { stopTokenIds } : {}),
@@ -151,7 +176,10 @@ export async function runGenerate(o: GenerateOptions): Promise<number> {
         if (!r.text.length) process.stderr.write("No text generated for this prompt\n");
         process.stderr.write(`Prompt: ${t.prompt_tokens - t.cached_tokens} tokens, ${t.prompt_tps.toFixed(3)} tokens-per-sec\n`);
         process.stderr.write(`Generation: ${t.generation_tokens} tokens, ${t.generation_tps.toFixed(3)} tokens-per-sec\n`);
-        if (t.speculative) process.stderr.write(`Speculative: ${t.speculative.accepted_tokens} of ${t.speculative.drafted_tokens} draft tokens accepted (${(100 * t.speculative.acceptance_rate).toFixed(1)}%)\n`);
+        if (t.speculative)
+          process.stderr.write(
+            `Speculative: ${t.speculative.accepted_tokens} of ${t.speculative.drafted_tokens} draft tokens accepted (${(100 * t.speculative.acceptance_rate).toFixed(1)}%)\n`,
+          );
         process.stderr.write(`Peak memory: ${t.peak_memory_gb.toFixed(3)} GB\n`);
       }
     }

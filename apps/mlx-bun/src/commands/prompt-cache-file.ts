@@ -27,7 +27,9 @@ export async function modelForCacheFile(o: ModelOptions, info: KvStoreInfo, prog
   }
   const model = await resolveModel(o.model, { progress });
   if (info.format === "mlx-lm" && info.model && !sameModel(info.model, o.model, model)) {
-    throw new UsageError(`--model ${o.model}: the prompt cache ${info.path} was made with model ${info.model}; providing a different model is an error (as in mlx_lm)`);
+    throw new UsageError(
+      `--model ${o.model}: the prompt cache ${info.path} was made with model ${info.model}; providing a different model is an error (as in mlx_lm)`,
+    );
   }
   return model;
 }
@@ -50,7 +52,8 @@ export function kvForCacheFile(info: KvStoreInfo, o: ModelOptions): { kv?: KvMod
     if (!q) return {};
     const bits = q.meta.bits!;
     const groupSize = q.meta.groupSize!;
-    if (o.kvBits !== undefined && o.kvBits !== bits) throw new UsageError(`--kv-bits ${o.kvBits} does not match the KV cache loaded from --prompt-cache-file (${bits} bits)`);
+    if (o.kvBits !== undefined && o.kvBits !== bits)
+      throw new UsageError(`--kv-bits ${o.kvBits} does not match the KV cache loaded from --prompt-cache-file (${bits} bits)`);
     if (o.kvGroupSize !== undefined && o.kvGroupSize !== groupSize && o.kvBits !== undefined) {
       throw new UsageError(`--kv-group-size ${o.kvGroupSize} does not match the KV cache loaded from --prompt-cache-file (group size ${groupSize})`);
     }
@@ -64,7 +67,9 @@ export function kvForCacheFile(info: KvStoreInfo, o: ModelOptions): { kv?: KvMod
     const groupSize = Number(m[2]);
     const fileStart = Number(m[3]);
     if (o.kvBits !== undefined && (o.kvBits !== bits || (o.kvGroupSize ?? 64) !== groupSize || (o.quantizedKvStart ?? 5000) !== fileStart)) {
-      throw new UsageError(`--kv-bits ${o.kvBits} --kv-group-size ${o.kvGroupSize ?? 64} --quantized-kv-start ${o.quantizedKvStart ?? 5000} do not match the prompt cache file (bits ${bits}, group size ${groupSize}, start ${fileStart})`);
+      throw new UsageError(
+        `--kv-bits ${o.kvBits} --kv-group-size ${o.kvGroupSize ?? 64} --quantized-kv-start ${o.quantizedKvStart ?? 5000} do not match the prompt cache file (bits ${bits}, group size ${groupSize}, start ${fileStart})`,
+      );
     }
     return { quantizedKv: { bits, groupSize, start: fileStart } };
   }
@@ -90,7 +95,10 @@ export async function loadCacheFile(engine: Engine, path: string): Promise<Loade
  * placeholder ids (the pad token) that only this run's prompts start with. The loaded caches are
  * consumed (the entry shares their arrays).
  */
-export async function cacheFromFile(loaded: LoadedPromptCache, opts: { maxBytes?: number; maxEntries?: number } = {}): Promise<{ promptCache: PromptCache; prefix: number[] }> {
+export async function cacheFromFile(
+  loaded: LoadedPromptCache,
+  opts: { maxBytes?: number; maxEntries?: number } = {},
+): Promise<{ promptCache: PromptCache; prefix: number[] }> {
   const { PromptCache } = await import("@mlx-bun/runtime");
   const promptCache = new PromptCache({ maxBytes: opts.maxBytes ?? Number.POSITIVE_INFINITY, maxEntries: opts.maxEntries ?? 4 });
   const prefix = loaded.tokens ?? new Array<number>(loaded.offset).fill(0);
@@ -116,9 +124,17 @@ export function renderAfterCachedPrefix(
   opts: { addGenerationPrompt: boolean; continueFinalMessage: boolean; kwargs: Record<string, unknown> | null },
 ): string {
   const t = m.template!;
-  const full = t.render(messages, { addGenerationPrompt: opts.addGenerationPrompt, continueFinalMessage: opts.continueFinalMessage, kwargs: templateKwargs(m.tokenizer, opts.kwargs) });
+  const full = t.render(messages, {
+    addGenerationPrompt: opts.addGenerationPrompt,
+    continueFinalMessage: opts.continueFinalMessage,
+    kwargs: templateKwargs(m.tokenizer, opts.kwargs),
+  });
   const probe = messages.map((x, i) => (i === at ? { ...x, content: QUERY } : x));
-  const test = t.render(probe, { addGenerationPrompt: opts.addGenerationPrompt, continueFinalMessage: opts.continueFinalMessage, kwargs: templateKwargs(m.tokenizer, null) });
+  const test = t.render(probe, {
+    addGenerationPrompt: opts.addGenerationPrompt,
+    continueFinalMessage: opts.continueFinalMessage,
+    kwargs: templateKwargs(m.tokenizer, null),
+  });
   const i = test.indexOf(QUERY);
   if (i < 0) throw new UsageError("--prompt-cache-file: the chat template does not render the message content (cannot find where the cached prompt ends)");
   return full.slice(i);

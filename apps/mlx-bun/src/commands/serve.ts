@@ -69,15 +69,21 @@ export async function runServe(o: ServeOptions): Promise<number> {
   if (promptCache && o.promptCacheFile !== undefined) {
     const loaded = await loadCacheFile(engine, o.promptCacheFile);
     try {
-      if (!loaded.tokens) throw new UsageError(`--prompt-cache-file ${o.promptCacheFile}: an mlx-lm file holds no token ids, so the server cannot tell which prompts it starts; write it with mlx-bun cache-prompt`);
+      if (!loaded.tokens)
+        throw new UsageError(
+          `--prompt-cache-file ${o.promptCacheFile}: an mlx-lm file holds no token ids, so the server cannot tell which prompts it starts; write it with mlx-bun cache-prompt`,
+        );
       promptCache.insert(loaded.tokens, loaded.caches);
     } finally {
       loaded.dispose();
     }
   }
   // As mlx_lm.server: a quantized KV cache (--kv-bits) is not batchable, requests run one at a time.
-  const batching = engine.quantizedKv ? { maxBatch: 1, prefillBatch: 1 } : { maxBatch: o.maxBatch ?? o.decodeConcurrency ?? 32, prefillBatch: o.promptConcurrency };
-  if (engine.quantizedKv && (o.maxBatch ?? o.decodeConcurrency ?? 1) > 1) say("--kv-bits: requests are served one at a time (as mlx_lm.server), --decode-concurrency does not apply");
+  const batching = engine.quantizedKv
+    ? { maxBatch: 1, prefillBatch: 1 }
+    : { maxBatch: o.maxBatch ?? o.decodeConcurrency ?? 32, prefillBatch: o.promptConcurrency };
+  if (engine.quantizedKv && (o.maxBatch ?? o.decodeConcurrency ?? 1) > 1)
+    say("--kv-bits: requests are served one at a time (as mlx_lm.server), --decode-concurrency does not apply");
   const scheduler = new Scheduler(engine, {
     ...batching,
     ...(o.memoryBudget !== undefined ? { memoryBudgetBytes: o.memoryBudget } : {}),
@@ -93,7 +99,9 @@ export async function runServe(o: ServeOptions): Promise<number> {
     ...(logsRequests(o) ? { log: (l: string) => process.stderr.write(`${new Date().toISOString()} ${l}\n`) } : {}),
   });
   // One line tests and scripts can wait for (with the real port when --port 0).
-  process.stderr.write(`mlx-bun serve: ${model.id} (kv ${kvLabel(engine)}) ${speculative ? `, draft ${o.draftModel} (${speculative.numDraftTokens} tokens)` : ""} listening on ${srv.url}${srv.webChat === "on" ? ` (web chat at ${srv.url}/)` : ""}${apiKey ? " (API key required)" : ""}\n`);
+  process.stderr.write(
+    `mlx-bun serve: ${model.id} (kv ${kvLabel(engine)}) ${speculative ? `, draft ${o.draftModel} (${speculative.numDraftTokens} tokens)` : ""} listening on ${srv.url}${srv.webChat === "on" ? ` (web chat at ${srv.url}/)` : ""}${apiKey ? " (API key required)" : ""}\n`,
+  );
   if (srv.webChat === "not built") process.stderr.write("mlx-bun serve: the web chat is not built: run bash tools/setup.sh (the API works without it)\n");
   await new Promise<void>((resolve) => {
     const stop = () => resolve();
@@ -143,7 +151,9 @@ const entryName = (i: number): string => `prompt-cache-${String(i).padStart(4, "
  */
 export async function restorePromptCache(dir: string, engine: Engine, promptCache: PromptCache): Promise<number> {
   mkdirSync(dir, { recursive: true });
-  const files = readdirSync(dir).filter((f) => ENTRY_RE.test(f)).sort();
+  const files = readdirSync(dir)
+    .filter((f) => ENTRY_RE.test(f))
+    .sort();
   let restored = 0;
   let tokens = 0;
   for (const f of files) {
@@ -192,7 +202,8 @@ export function savePromptCacheDir(dir: string, engine: Engine, promptCache: Pro
 /** Rank 0 of a launched group serves HTTP from a worker; the other ranks follow inside loadEngine and never return. */
 async function serveAcrossRanks(o: ServeOptions): Promise<number> {
   if (o.draftModel) throw new UsageError("mlx-bun serve: --draft-model does not run across ranks (speculative decoding is single-process only)");
-  if (o.promptCacheDir !== undefined || o.promptCacheFile !== undefined) throw new UsageError("mlx-bun serve: --prompt-cache-dir / --prompt-cache-file need the prompt cache, which does not run across ranks");
+  if (o.promptCacheDir !== undefined || o.promptCacheFile !== undefined)
+    throw new UsageError("mlx-bun serve: --prompt-cache-dir / --prompt-cache-file need the prompt cache, which does not run across ranks");
   const { engine, model } = await loadEngine(o);
   useChatTemplate(engine, o);
   const { serveOnRanks } = await import("../launch/serve-ranks.ts");
@@ -201,7 +212,9 @@ async function serveAcrossRanks(o: ServeOptions): Promise<number> {
     engine,
     init: { dir: model.dir, log: logsRequests(o), server: serverSettings(o, model, engine) },
     announce: (url, webChat) => {
-      process.stderr.write(`mlx-bun serve: ${model.id} (kv ${engine.kvModeName}, tensor-parallel rank 0, one request at a time, no prompt cache) listening on ${url}${webChat === "on" ? ` (web chat at ${url}/)` : ""}${apiKey ? " (API key required)" : ""}\n`);
+      process.stderr.write(
+        `mlx-bun serve: ${model.id} (kv ${engine.kvModeName}, tensor-parallel rank 0, one request at a time, no prompt cache) listening on ${url}${webChat === "on" ? ` (web chat at ${url}/)` : ""}${apiKey ? " (API key required)" : ""}\n`,
+      );
     },
   });
 }
@@ -221,7 +234,15 @@ function serverSettings(o: ServeOptions, model: { id: string; dir: string }, eng
     port: o.port,
     ...(apiKey ? { apiKey } : {}),
     maxBodyBytes: o.maxBodySize,
-    defaults: { maxTokens: o.maxTokens, temperature: o.temp, topP: o.topP, topK: o.topK, minP: o.minP, xtcProbability: o.xtcProbability, xtcThreshold: o.xtcThreshold },
+    defaults: {
+      maxTokens: o.maxTokens,
+      temperature: o.temp,
+      topP: o.topP,
+      topK: o.topK,
+      minP: o.minP,
+      xtcProbability: o.xtcProbability,
+      xtcThreshold: o.xtcThreshold,
+    },
     ...(o.chatTemplateArgs ? { chatTemplateArgs: o.chatTemplateArgs } : {}),
     allowedOrigins: o.allowedOrigins,
     ...(o.allowedHosts?.length ? { allowedHosts: o.allowedHosts } : {}),

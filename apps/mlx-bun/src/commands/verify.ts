@@ -101,7 +101,10 @@ export function verifyPath(path: string): Report {
       throw new VerifyError(e instanceof KvStoreError ? e.message : `${path}: ${(e as Error).message}`);
     }
     const i = v.info;
-    const checks = [...v.checks, `${i.layers.length} layer caches, ${i.offset} tokens${i.tokenCount !== null ? `, ${i.tokenCount} token ids` : ""}${i.model ? `, made with model ${i.model}` : ""}`];
+    const checks = [
+      ...v.checks,
+      `${i.layers.length} layer caches, ${i.offset} tokens${i.tokenCount !== null ? `, ${i.tokenCount} token ids` : ""}${i.model ? `, made with model ${i.model}` : ""}`,
+    ];
     return { path, kind: i.format === "mlx-bun" ? "kv-snapshot" : "mlx-lm-prompt-cache", ok: true, checks, notes: v.notes };
   }
   // A weight file: its structure; and the checkpoint around it when there is one.

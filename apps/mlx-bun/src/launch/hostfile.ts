@@ -32,11 +32,14 @@ export function readHostfile(path: string): Hostfile {
   }
   const o = obj as { hosts: unknown[]; backend?: unknown; envs?: unknown };
   if (o.backend !== undefined && typeof o.backend !== "string") throw new LaunchError(`host file ${path}: "backend" must be a string`);
-  if (o.envs !== undefined && !(Array.isArray(o.envs) && o.envs.every((e) => typeof e === "string"))) throw new LaunchError(`host file ${path}: "envs" must be a list of strings`);
+  if (o.envs !== undefined && !(Array.isArray(o.envs) && o.envs.every((e) => typeof e === "string")))
+    throw new LaunchError(`host file ${path}: "envs" must be a list of strings`);
   const hosts = o.hosts.map((h, rank): Host => {
-    if (!h || typeof h !== "object" || typeof (h as { ssh?: unknown }).ssh !== "string") throw new LaunchError(`host file ${path}: host ${rank} needs an "ssh" name`);
+    if (!h || typeof h !== "object" || typeof (h as { ssh?: unknown }).ssh !== "string")
+      throw new LaunchError(`host file ${path}: host ${rank} needs an "ssh" name`);
     const ips = (h as { ips?: unknown }).ips ?? [];
-    if (!Array.isArray(ips) || !ips.every((i) => typeof i === "string")) throw new LaunchError(`host file ${path}: host ${rank} "ips" must be a list of strings`);
+    if (!Array.isArray(ips) || !ips.every((i) => typeof i === "string"))
+      throw new LaunchError(`host file ${path}: host ${rank} "ips" must be a list of strings`);
     return { rank, ssh: (h as { ssh: string }).ssh, ips: ips as string[] };
   });
   if (hosts.length === 0) throw new LaunchError(`host file ${path}: no hosts`);

@@ -13,12 +13,18 @@ let lastTick = Date.now();
 
 function watch(init: WorkerInit): void {
   void readControl();
-  const t = setInterval(() => {
-    if (front.isDown || Date.now() - lastTick <= init.stallMs) return;
-    front.goDown(503, `the tensor-parallel group stopped responding: rank 0 made no progress for ${(init.stallMs / 1000).toFixed(1)} s (a rank died or hung); the group is being stopped`);
-    // Under `mlx-bun launch` the launcher stops the group now; a rank 0 nobody watches ends itself.
-    setTimeout(() => process.kill(process.pid, "SIGKILL"), init.stallMs + 5000).unref();
-  }, Math.min(250, init.stallMs / 4));
+  const t = setInterval(
+    () => {
+      if (front.isDown || Date.now() - lastTick <= init.stallMs) return;
+      front.goDown(
+        503,
+        `the tensor-parallel group stopped responding: rank 0 made no progress for ${(init.stallMs / 1000).toFixed(1)} s (a rank died or hung); the group is being stopped`,
+      );
+      // Under `mlx-bun launch` the launcher stops the group now; a rank 0 nobody watches ends itself.
+      setTimeout(() => process.kill(process.pid, "SIGKILL"), init.stallMs + 5000).unref();
+    },
+    Math.min(250, init.stallMs / 4),
+  );
   t.unref();
 }
 

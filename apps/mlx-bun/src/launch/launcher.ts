@@ -79,7 +79,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   const timeoutMs = o.timeoutMs ?? 30_000;
   const hosts = o.hosts.hosts;
   const n = hosts.length;
-  const backend = o.backend === "any" ? (o.hosts.backend || "ring") : o.backend;
+  const backend = o.backend === "any" ? o.hosts.backend || "ring" : o.backend;
   if (backend !== "ring" && backend !== "nccl") throw new LaunchError(`launch: backend ${JSON.stringify(backend)} is not supported (ring | nccl | any)`);
   if (o.command.length === 0) throw new LaunchError("launch: no command to run");
   const tmp = mkdtempSync(join(tmpdir(), "mlxb-launch-"));
@@ -96,7 +96,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   env.MLX_BUN_LAUNCH_TIMEOUT_MS = String(timeoutMs);
   env.MLX_BUN_CONTROL_FD = String(CONTROL_FD);
   if (backend === "ring") {
-    if (hosts.some((h) => h.ips.length === 0)) throw new LaunchError("launch: the ring backend needs IPs in the host file (\"ips\") for every host");
+    if (hosts.some((h) => h.ips.length === 0)) throw new LaunchError('launch: the ring backend needs IPs in the host file ("ips") for every host');
     const ring: string[][] = [];
     let port = o.startingPort ?? 0;
     for (const h of hosts) ring.push([`${h.ips[0]}:${port > 0 ? port++ : await freePort()}`]);
@@ -118,7 +118,12 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   let front: ServeFront | null = null;
   let frontServer: Server | null = null;
   const frontPath = join(tmp, "front.sock");
-  if (o.serveFront && isLocal(hosts[0]!)) frontServer = await startFrontSocket(frontPath, (f) => (front = f), (why) => frontLost(why));
+  if (o.serveFront && isLocal(hosts[0]!))
+    frontServer = await startFrontSocket(
+      frontPath,
+      (f) => (front = f),
+      (why) => frontLost(why),
+    );
 
   const children: ChildProcess[] = [];
   const lastBeat: number[] = hosts.map(() => Date.now());
@@ -202,20 +207,28 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   const onSignal = (sig: NodeJS.Signals) => stopAll(`the launcher got ${sig}`);
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
-  const watchdog = setInterval(() => {
-    if (stopping) return;
-    const now = Date.now();
-    const silent = hosts.filter((h) => isLocal(h) && exited[h.rank] === null && now - lastBeat[h.rank]! > timeoutMs);
-    if (!silent.length) return;
-    // A stopped rank stalls the others' collectives, and the first to pass the timeout may be one
-    // that waits on it (rank 0 beats on a timer, followers on every step): name any stopped rank.
-    const stopped = hosts.filter((h) => isLocal(h) && exited[h.rank] === null && procState(children[h.rank]!.pid) === "T");
-    const named = (stopped.length ? stopped : silent).map((h) => h.rank);
-    stopAll(
-      `rank${named.length > 1 ? "s" : ""} ${named.join(", ")} sent no heartbeat for ${timeoutMs / 1000} s${stopped.length ? " (process stopped)" : ""}` +
-        (stopped.length && silent.some((h) => !stopped.includes(h)) ? `; ranks ${silent.filter((h) => !stopped.includes(h)).map((h) => h.rank).join(", ")} waited on it` : ""),
-    );
-  }, Math.min(1000, Math.max(50, timeoutMs / 4)));
+  const watchdog = setInterval(
+    () => {
+      if (stopping) return;
+      const now = Date.now();
+      const silent = hosts.filter((h) => isLocal(h) && exited[h.rank] === null && now - lastBeat[h.rank]! > timeoutMs);
+      if (!silent.length) return;
+      // A stopped rank stalls the others' collectives, and the first to pass the timeout may be one
+      // that waits on it (rank 0 beats on a timer, followers on every step): name any stopped rank.
+      const stopped = hosts.filter((h) => isLocal(h) && exited[h.rank] === null && procState(children[h.rank]!.pid) === "T");
+      const named = (stopped.length ? stopped : silent).map((h) => h.rank);
+      stopAll(
+        `rank${named.length > 1 ? "s" : ""} ${named.join(", ")} sent no heartbeat for ${timeoutMs / 1000} s${stopped.length ? " (process stopped)" : ""}` +
+          (stopped.length && silent.some((h) => !stopped.includes(h))
+            ? `; ranks ${silent
+                .filter((h) => !stopped.includes(h))
+                .map((h) => h.rank)
+                .join(", ")} waited on it`
+            : ""),
+      );
+    },
+    Math.min(1000, Math.max(50, timeoutMs / 4)),
+  );
   watchdog.unref();
   try {
     await allDone;

@@ -8,7 +8,8 @@ import { type Backend, Engine, type EngineOptions, followSteps, type Group, join
 export function launchedBackend(): Backend | null {
   const b = process.env.MLX_BUN_DIST_BACKEND;
   if (!b) return null;
-  if (b !== "ring" && b !== "nccl" && b !== "any" && b !== "mpi" && b !== "jaccl") throw new Error(`MLX_BUN_DIST_BACKEND=${b} is not a backend (ring | nccl | any)`);
+  if (b !== "ring" && b !== "nccl" && b !== "any" && b !== "mpi" && b !== "jaccl")
+    throw new Error(`MLX_BUN_DIST_BACKEND=${b} is not a backend (ring | nccl | any)`);
   return b;
 }
 

@@ -10,7 +10,9 @@ export const SERVE_FRONT_ENV = "MLX_BUN_SERVE_FRONT";
 // JSON has no Infinity/NaN (a logprob may be -Infinity): they cross as {"$nf": "-Infinity"}.
 const replacer = (_k: string, v: unknown): unknown => (typeof v === "number" && !Number.isFinite(v) ? { $nf: String(v) } : v);
 const reviver = (_k: string, v: unknown): unknown =>
-  v !== null && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length === 1 && typeof (v as { $nf?: unknown }).$nf === "string" ? Number((v as { $nf: string }).$nf) : v;
+  v !== null && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length === 1 && typeof (v as { $nf?: unknown }).$nf === "string"
+    ? Number((v as { $nf: string }).$nf)
+    : v;
 
 /** One end of the channel: `send` a message, `onMessage` for each one received, `onEnd` once when the other side is gone. */
 export class LineChannel<In, Out> {

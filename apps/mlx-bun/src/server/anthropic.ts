@@ -30,7 +30,23 @@ function unsupported(path: string, message: string): ApiError {
 }
 
 /** Fields of a Messages request this server reads; any other is a 400 (Anthropic: "Extra inputs are not permitted"). */
-const MESSAGE_FIELDS = ["model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "metadata", "service_tier", "cache_control"];
+const MESSAGE_FIELDS = [
+  "model",
+  "max_tokens",
+  "messages",
+  "system",
+  "stop_sequences",
+  "stream",
+  "temperature",
+  "top_p",
+  "top_k",
+  "tools",
+  "tool_choice",
+  "thinking",
+  "metadata",
+  "service_tier",
+  "cache_control",
+];
 const COUNT_FIELDS = ["model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control"];
 /** Anthropic fields with no equivalent here: named in the 400. */
 const UNSUPPORTED_FIELDS: Record<string, string> = {
@@ -108,7 +124,8 @@ function textBlocks(v: unknown, path: string, what: string): string {
 function textBlock(b: Obj, p: string): string {
   checkFields(b, ["type", "text", "cache_control", "citations"], p);
   checkCacheControl(b.cache_control, p);
-  if (b.citations !== undefined && b.citations !== null && !(Array.isArray(b.citations) && b.citations.length === 0)) throw unsupported(`${p}.citations`, "citations are not supported");
+  if (b.citations !== undefined && b.citations !== null && !(Array.isArray(b.citations) && b.citations.length === 0))
+    throw unsupported(`${p}.citations`, "citations are not supported");
   return str(b.text, `${p}.text`, true)!;
 }
 
@@ -163,7 +180,8 @@ export function parseAnthropicRequest(body: Obj, core: Pick<ServerCore, "vctx">,
   const model = str(body.model, "model", true)!;
   const maxTokens = countOnly ? 1 : int(body.max_tokens, "max_tokens", 1, true)!;
   const stream = countOnly ? false : (body.stream ?? false) === true;
-  if (!countOnly && body.stream !== undefined && body.stream !== null && typeof body.stream !== "boolean") throw bad("stream", `expected a boolean, got ${typeName(body.stream)}`, "invalid_type");
+  if (!countOnly && body.stream !== undefined && body.stream !== null && typeof body.stream !== "boolean")
+    throw bad("stream", `expected a boolean, got ${typeName(body.stream)}`, "invalid_type");
   checkCacheControl(body.cache_control, "body");
   const temperature = num(body.temperature, "temperature", 0, 1);
   const topP = num(body.top_p, "top_p", 0, 1);
@@ -181,7 +199,8 @@ export function parseAnthropicRequest(body: Obj, core: Pick<ServerCore, "vctx">,
     if (user !== undefined && user.length > 256) throw bad("metadata.user_id", "must be at most 256 characters");
   }
   const tier = str(body.service_tier, "service_tier");
-  if (tier !== undefined && tier !== "auto" && tier !== "standard_only") throw bad("service_tier", `expected "auto" or "standard_only", got ${JSON.stringify(tier)}`);
+  if (tier !== undefined && tier !== "auto" && tier !== "standard_only")
+    throw bad("service_tier", `expected "auto" or "standard_only", got ${JSON.stringify(tier)}`);
   const thinking = parseThinking(body.thinking, countOnly ? undefined : maxTokens);
 
   const tools = parseTools(body.tools);
@@ -201,7 +220,8 @@ export function parseAnthropicRequest(body: Obj, core: Pick<ServerCore, "vctx">,
     parsed = parseChatRequest(chat, core.vctx);
   } catch (e) {
     // The translated request names the chat fields; the ones shared with Anthropic keep their names.
-    if (e instanceof ApiError && e.status === 400 && e.param && !e.message.startsWith(`${e.param}:`)) throw new ApiError(400, `${e.param}: ${e.message}`, e.param, e.code);
+    if (e instanceof ApiError && e.status === 400 && e.param && !e.message.startsWith(`${e.param}:`))
+      throw new ApiError(400, `${e.param}: ${e.message}`, e.param, e.code);
     throw e;
   }
   return { parsed, stream, thinking, oneToolCall, maxTokens };
@@ -221,7 +241,8 @@ function parseTools(v: unknown): Obj[] {
   return v.map((t, i) => {
     const p = `tools.${i}`;
     if (!isObject(t)) throw bad(p, `expected an object, got ${typeName(t)}`, "invalid_type");
-    if (t.type !== undefined && t.type !== null && t.type !== "custom") throw unsupported(`${p}.type`, `only custom (client) tools are supported, got ${JSON.stringify(t.type)}`);
+    if (t.type !== undefined && t.type !== null && t.type !== "custom")
+      throw unsupported(`${p}.type`, `only custom (client) tools are supported, got ${JSON.stringify(t.type)}`);
     checkFields(t, ["type", "name", "description", "input_schema", "cache_control", "strict"], p);
     checkCacheControl(t.cache_control, p);
     if (t.strict === true) throw unsupported(`${p}.strict`, "strict tool input (schema-constrained decoding) is not supported");
@@ -230,7 +251,12 @@ function parseTools(v: unknown): Obj[] {
     if (names.has(name)) throw bad(`${p}.name`, `tool names must be unique, '${name}' is repeated`);
     names.add(name);
     const description = str(t.description, `${p}.description`);
-    if (!isObject(t.input_schema)) throw bad(`${p}.input_schema`, t.input_schema === undefined ? "Field required" : `expected an object, got ${typeName(t.input_schema)}`, t.input_schema === undefined ? "missing_required_parameter" : "invalid_type");
+    if (!isObject(t.input_schema))
+      throw bad(
+        `${p}.input_schema`,
+        t.input_schema === undefined ? "Field required" : `expected an object, got ${typeName(t.input_schema)}`,
+        t.input_schema === undefined ? "missing_required_parameter" : "invalid_type",
+      );
     if (t.input_schema.type !== "object") throw bad(`${p}.input_schema.type`, 'must be "object"');
     return { type: "function", function: { name, ...(description !== undefined ? { description } : {}), parameters: t.input_schema } };
   });
@@ -240,7 +266,8 @@ function parseToolChoice(v: unknown, tools: Obj[]): { toolChoice: unknown; oneTo
   if (v === undefined || v === null) return { toolChoice: undefined, oneToolCall: false };
   if (!isObject(v)) throw bad("tool_choice", `expected an object, got ${typeName(v)}`, "invalid_type");
   const disable = v.disable_parallel_tool_use;
-  if (disable !== undefined && disable !== null && typeof disable !== "boolean") throw bad("tool_choice.disable_parallel_tool_use", `expected a boolean, got ${typeName(disable)}`, "invalid_type");
+  if (disable !== undefined && disable !== null && typeof disable !== "boolean")
+    throw bad("tool_choice.disable_parallel_tool_use", `expected a boolean, got ${typeName(disable)}`, "invalid_type");
   const oneToolCall = disable === true;
   const names = tools.map((t) => (t.function as Obj).name as string);
   switch (v.type) {
@@ -288,7 +315,12 @@ function convertMessages(v: unknown): Obj[] {
       out.push({ role, content: m.content });
       return;
     }
-    if (!Array.isArray(m.content)) throw bad(`${p}.content`, m.content === undefined ? "Field required" : `expected a string or a list of content blocks, got ${typeName(m.content)}`, m.content === undefined ? "missing_required_parameter" : "invalid_type");
+    if (!Array.isArray(m.content))
+      throw bad(
+        `${p}.content`,
+        m.content === undefined ? "Field required" : `expected a string or a list of content blocks, got ${typeName(m.content)}`,
+        m.content === undefined ? "missing_required_parameter" : "invalid_type",
+      );
     let text = "";
     const calls: Obj[] = [];
     const results: Obj[] = [];
@@ -311,7 +343,8 @@ function convertMessages(v: unknown): Obj[] {
         const name = callNames.get(id);
         if (name === undefined) throw bad(`${bp}.tool_use_id`, `no tool_use block with id '${id}' comes before this tool_result`);
         const content = b.content === undefined || b.content === null ? "" : textBlocks(b.content, `${bp}.content`, "tool_result content");
-        if (b.is_error !== undefined && b.is_error !== null && typeof b.is_error !== "boolean") throw bad(`${bp}.is_error`, `expected a boolean, got ${typeName(b.is_error)}`, "invalid_type");
+        if (b.is_error !== undefined && b.is_error !== null && typeof b.is_error !== "boolean")
+          throw bad(`${bp}.is_error`, `expected a boolean, got ${typeName(b.is_error)}`, "invalid_type");
         // Gemma 4's template has no error flag for a tool response: the text says it.
         results.push({ role: "tool", tool_call_id: id, name, content: b.is_error === true ? `Error: ${content}` : content });
       } else if ((b.type === "thinking" || b.type === "redacted_thinking") && role === "assistant") {
@@ -517,7 +550,13 @@ class MessageWriter {
         stop_sequence: null,
         stop_details: null,
         // Cached prompt tokens are known once the request ends: message_delta carries the split.
-        usage: { input_tokens: this.sub.promptIds.length, output_tokens: 0, cache_creation_input_tokens: 0, cache_read_input_tokens: 0, service_tier: "standard" },
+        usage: {
+          input_tokens: this.sub.promptIds.length,
+          output_tokens: 0,
+          cache_creation_input_tokens: 0,
+          cache_read_input_tokens: 0,
+          service_tier: "standard",
+        },
       },
     });
     yield sse("ping", { type: "ping" });
@@ -535,7 +574,11 @@ class MessageWriter {
           const index = next++;
           const block = toolUse(p.call);
           out += sse("content_block_start", { type: "content_block_start", index, content_block: { ...block, input: {} } });
-          out += sse("content_block_delta", { type: "content_block_delta", index, delta: { type: "input_json_delta", partial_json: JSON.stringify(block.input) } });
+          out += sse("content_block_delta", {
+            type: "content_block_delta",
+            index,
+            delta: { type: "input_json_delta", partial_json: JSON.stringify(block.input) },
+          });
           out += sse("content_block_stop", { type: "content_block_stop", index });
           continue;
         }
@@ -543,7 +586,11 @@ class MessageWriter {
         if (open?.type !== type) {
           close();
           open = { index: next++, type };
-          out += sse("content_block_start", { type: "content_block_start", index: open.index, content_block: type === "thinking" ? { type, thinking: "", signature: "" } : { type, text: "" } });
+          out += sse("content_block_start", {
+            type: "content_block_start",
+            index: open.index,
+            content_block: type === "thinking" ? { type, thinking: "", signature: "" } : { type, text: "" },
+          });
         }
         const delta = type === "thinking" ? { type: "thinking_delta", thinking: this.#thinkingText(p.text) } : { type: "text_delta", text: p.text };
         if (type === "text" || delta.thinking) out += sse("content_block_delta", { type: "content_block_delta", index: open!.index, delta });

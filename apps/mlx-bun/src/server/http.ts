@@ -4,7 +4,16 @@
 import { randomUUID, timingSafeEqual } from "node:crypto";
 import { memory, mlxVersion } from "@mlx-bun/mlx-ffi";
 import { type ChatTemplate, GEMMA4_MARKERS, type Gemma4Tokenizer, TemplateTimeoutError } from "@mlx-bun/models";
-import { banTokens, type GenerateRequest, type GenerationEvent, type GenerationResult, type GenerationStream, grammarProcessor, type GrammarProcessor, resolveSampling } from "@mlx-bun/runtime";
+import {
+  banTokens,
+  type GenerateRequest,
+  type GenerationEvent,
+  type GenerationResult,
+  type GenerationStream,
+  grammarProcessor,
+  type GrammarProcessor,
+  resolveSampling,
+} from "@mlx-bun/runtime";
 import { chatPromptCheckpoints, chatPromptIds, rawPromptIds } from "../prompt.ts";
 import { VERSION } from "../version.ts";
 import { AnthropicApi } from "./anthropic.ts";
@@ -165,7 +174,12 @@ class App implements ServerCore {
     this.maxBody = opts.maxBodyBytes ?? 16 * 1024 * 1024;
     this.contextLength = opts.model.config.text.maxPositionEmbeddings;
     this.limits = { ...DEFAULT_LIMITS, ...opts.limits };
-    this.policy = new OriginPolicy({ allowedOrigins: opts.allowedOrigins ?? [], allowedHosts: opts.allowedHosts ?? [], bindHost: opts.host ?? "127.0.0.1", hasApiKey: !!opts.apiKey });
+    this.policy = new OriginPolicy({
+      allowedOrigins: opts.allowedOrigins ?? [],
+      allowedHosts: opts.allowedHosts ?? [],
+      bindHost: opts.host ?? "127.0.0.1",
+      hasApiKey: !!opts.apiKey,
+    });
     this.apiKey = opts.apiKey ? Buffer.from(opts.apiKey) : null;
     this.web = new WebChat(opts.webDir === undefined ? DEFAULT_WEB_DIR : opts.webDir);
     this.metrics = new ServerMetrics(opts.scheduler);
@@ -272,7 +286,12 @@ class App implements ServerCore {
     const raw = m ? m[1]! : req.headers.get("x-api-key");
     const given = raw ? Buffer.from(raw) : null;
     if (!given || given.length !== this.apiKey.length || !timingSafeEqual(given, this.apiKey)) {
-      throw new ApiError(401, given ? "Incorrect API key provided" : "Missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')", null, "invalid_api_key");
+      throw new ApiError(
+        401,
+        given ? "Incorrect API key provided" : "Missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+        null,
+        "invalid_api_key",
+      );
     }
   }
 
@@ -453,7 +472,11 @@ class App implements ServerCore {
     const its = streams.map((s) => s[Symbol.asyncIterator]());
     type Next = { i: number; r?: IteratorResult<GenerationEvent>; error?: unknown };
     // A failure comes back as a value, so a promise nobody races yet never rejects unhandled.
-    const next = (i: number): Promise<Next> => its[i]!.next().then((r) => ({ i, r }), (error: unknown) => ({ i, error }));
+    const next = (i: number): Promise<Next> =>
+      its[i]!.next().then(
+        (r) => ({ i, r }),
+        (error: unknown) => ({ i, error }),
+      );
     const sse = (o: unknown) => `data: ${JSON.stringify(o)}\n\n`;
     async function* frames(): AsyncGenerator<string> {
       const pending = new Map<number, Promise<Next>>(its.map((_, i) => [i, next(i)]));
@@ -671,7 +694,9 @@ function usageOf(results: readonly GenerationResult[]) {
     completion_tokens: completion,
     total_tokens: r0.promptTokens + completion,
     prompt_tokens_details: { cached_tokens: r0.cachedTokens },
-    ...(spec.length ? { speculative: speculativeUsage({ drafted: spec.reduce((n, x) => n + x.drafted, 0), accepted: spec.reduce((n, x) => n + x.accepted, 0) }) } : {}),
+    ...(spec.length
+      ? { speculative: speculativeUsage({ drafted: spec.reduce((n, x) => n + x.drafted, 0), accepted: spec.reduce((n, x) => n + x.accepted, 0) }) }
+      : {}),
   };
 }
 

@@ -11,12 +11,26 @@ import type { RequestSink } from "./http.ts";
 interface SchedulerView {
   readonly active: number;
   readonly batchSize?: number;
-  readonly promptCache?: { readonly stats: { hits: number; misses: number; cachedTokens: number; evictions?: number }; readonly bytes: number; readonly size: number } | undefined;
+  readonly promptCache?:
+    | { readonly stats: { hits: number; misses: number; cachedTokens: number; evictions?: number }; readonly bytes: number; readonly size: number }
+    | undefined;
 }
 
 /** The `endpoint` label of a path: the routes, with ids folded (bounded cardinality). */
 export function endpointLabel(path: string): string {
-  const known = ["/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/models", "/health", "/metrics", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/"];
+  const known = [
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/completions",
+    "/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/",
+  ];
   if (known.includes(path)) return path;
   if (path.startsWith("/v1/models/")) return "/v1/models/{id}";
   if (path.startsWith("/v1/responses/")) return "/v1/responses/{id}";
@@ -39,11 +53,36 @@ export class ServerMetrics {
   constructor(sink: RequestSink) {
     const registers = [this.registry];
     const s = sink as RequestSink & SchedulerView;
-    this.requests = new Counter({ name: `${PREFIX}http_requests_total`, help: "HTTP requests answered, by endpoint, method and status code", labelNames: ["endpoint", "method", "status"], registers });
-    this.promptTokens = new Counter({ name: `${PREFIX}prompt_tokens_total`, help: "Prompt tokens of finished generation requests (cached ones included)", labelNames: ["endpoint"], registers });
-    this.cachedTokens = new Counter({ name: `${PREFIX}prompt_tokens_cached_total`, help: "Prompt tokens served from the prompt cache instead of prefilled", labelNames: ["endpoint"], registers });
-    this.generationTokens = new Counter({ name: `${PREFIX}generation_tokens_total`, help: "Tokens generated (a final end-of-turn token included)", labelNames: ["endpoint"], registers });
-    this.finished = new Counter({ name: `${PREFIX}requests_finished_total`, help: "Generation requests (one per choice) by how they ended: stop, length, cancelled", labelNames: ["endpoint", "finish_reason"], registers });
+    this.requests = new Counter({
+      name: `${PREFIX}http_requests_total`,
+      help: "HTTP requests answered, by endpoint, method and status code",
+      labelNames: ["endpoint", "method", "status"],
+      registers,
+    });
+    this.promptTokens = new Counter({
+      name: `${PREFIX}prompt_tokens_total`,
+      help: "Prompt tokens of finished generation requests (cached ones included)",
+      labelNames: ["endpoint"],
+      registers,
+    });
+    this.cachedTokens = new Counter({
+      name: `${PREFIX}prompt_tokens_cached_total`,
+      help: "Prompt tokens served from the prompt cache instead of prefilled",
+      labelNames: ["endpoint"],
+      registers,
+    });
+    this.generationTokens = new Counter({
+      name: `${PREFIX}generation_tokens_total`,
+      help: "Tokens generated (a final end-of-turn token included)",
+      labelNames: ["endpoint"],
+      registers,
+    });
+    this.finished = new Counter({
+      name: `${PREFIX}requests_finished_total`,
+      help: "Generation requests (one per choice) by how they ended: stop, length, cancelled",
+      labelNames: ["endpoint", "finish_reason"],
+      registers,
+    });
     this.ttft = new Histogram({
       name: `${PREFIX}time_to_first_token_seconds`,
       help: "Time from submission to the first generated token (queueing and prefill)",

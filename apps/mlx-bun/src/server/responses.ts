@@ -82,14 +82,19 @@ function checkKeys(o: Obj, allowed: readonly string[], path: string): void {
 /** Text of a content list of input_text / output_text parts (or a string). */
 function partsText(v: unknown, param: string, allowed: readonly string[]): string {
   if (typeof v === "string") return v;
-  if (!Array.isArray(v)) throw badField(param, `Invalid type for '${param}': expected a string or a list of content parts, but got ${typeName(v)} instead.`, "invalid_type");
+  if (!Array.isArray(v))
+    throw badField(param, `Invalid type for '${param}': expected a string or a list of content parts, but got ${typeName(v)} instead.`, "invalid_type");
   return v
     .map((p, i) => {
       const pp = `${param}[${i}]`;
       if (!isObject(p)) throw badField(pp, `Invalid type for '${pp}': expected an object, but got ${typeName(p)} instead.`, "invalid_type");
       if (!allowed.includes(p.type as string)) {
-        if (typeof p.type === "string" && ["input_image", "input_file", "input_audio", "refusal"].includes(p.type)) throw unsupported(`${pp}.type`, `'${pp}.type': ${p.type} content is not supported`);
-        throw badField(`${pp}.type`, `Invalid value for '${pp}.type': expected one of ${allowed.map((a) => `'${a}'`).join(", ")}, got ${JSON.stringify(p.type)}.`);
+        if (typeof p.type === "string" && ["input_image", "input_file", "input_audio", "refusal"].includes(p.type))
+          throw unsupported(`${pp}.type`, `'${pp}.type': ${p.type} content is not supported`);
+        throw badField(
+          `${pp}.type`,
+          `Invalid value for '${pp}.type': expected one of ${allowed.map((a) => `'${a}'`).join(", ")}, got ${JSON.stringify(p.type)}.`,
+        );
       }
       if (p.type === "output_text") {
         checkKeys(p, ["type", "text", "annotations", "logprobs"], pp);
@@ -112,7 +117,8 @@ function convertInput(v: unknown, out: Obj[]): void {
     out.push({ role: "user", content: v });
     return;
   }
-  if (!Array.isArray(v)) throw badField("input", `Invalid type for 'input': expected a string or a list of items, but got ${typeName(v)} instead.`, "invalid_type");
+  if (!Array.isArray(v))
+    throw badField("input", `Invalid type for 'input': expected a string or a list of items, but got ${typeName(v)} instead.`, "invalid_type");
   const callName = (id: string): string | undefined => {
     for (const m of out) for (const c of (m.tool_calls as Obj[] | undefined) ?? []) if (c.id === id) return (c.function as Obj).name as string;
     return undefined;
@@ -160,10 +166,12 @@ function convertInput(v: unknown, out: Obj[]): void {
       openAssistant = null;
     } else if (type === "reasoning") {
       checkKeys(item, ["type", "id", "summary", "content", "encrypted_content", "status"], p);
-      if (item.encrypted_content !== undefined && item.encrypted_content !== null) throw unsupported(`${p}.encrypted_content`, `'${p}.encrypted_content': encrypted reasoning is not supported`);
+      if (item.encrypted_content !== undefined && item.encrypted_content !== null)
+        throw unsupported(`${p}.encrypted_content`, `'${p}.encrypted_content': encrypted reasoning is not supported`);
     } else if (typeof type === "string" && type === "item_reference") {
       throw unsupported(`${p}.type`, `'${p}.type': item references are not supported; use previous_response_id`);
-    } else throw unsupported(`${p}.type`, `'${p}.type': ${JSON.stringify(type)} items are not supported (message, function_call, function_call_output, reasoning)`);
+    } else
+      throw unsupported(`${p}.type`, `'${p}.type': ${JSON.stringify(type)} items are not supported (message, function_call, function_call_output, reasoning)`);
   });
 }
 
@@ -178,9 +186,14 @@ function convertTools(v: unknown): Obj[] {
     checkKeys(t, ["type", "name", "description", "parameters", "strict"], p);
     const name = str(t.name, `${p}.name`, true)!;
     const description = str(t.description, `${p}.description`);
-    if (bool(t.strict, `${p}.strict`) === true) throw unsupported(`${p}.strict`, `'${p}.strict': strict function calling (schema-constrained arguments) is not supported; send strict: false`);
-    if (t.parameters !== undefined && t.parameters !== null && !isObject(t.parameters)) throw badField(`${p}.parameters`, `Invalid type for '${p}.parameters': expected an object.`, "invalid_type");
-    return { type: "function", function: { name, ...(description !== undefined ? { description } : {}), parameters: t.parameters ?? { type: "object", properties: {} } } };
+    if (bool(t.strict, `${p}.strict`) === true)
+      throw unsupported(`${p}.strict`, `'${p}.strict': strict function calling (schema-constrained arguments) is not supported; send strict: false`);
+    if (t.parameters !== undefined && t.parameters !== null && !isObject(t.parameters))
+      throw badField(`${p}.parameters`, `Invalid type for '${p}.parameters': expected an object.`, "invalid_type");
+    return {
+      type: "function",
+      function: { name, ...(description !== undefined ? { description } : {}), parameters: t.parameters ?? { type: "object", properties: {} } },
+    };
   });
 }
 
@@ -225,18 +238,22 @@ export function parseResponsesRequest(body: Obj, ctx: ServerCore["vctx"], store:
   const parallel = bool(body.parallel_tool_calls, "parallel_tool_calls") ?? true;
   if (bool(body.background, "background") === true) throw unsupported("background", "background responses are not supported");
   const truncation = str(body.truncation, "truncation");
-  if (truncation !== undefined && truncation !== "disabled") throw unsupported("truncation", `truncation ${JSON.stringify(truncation)} is not supported (only "disabled": a prompt over the context is a 400)`);
+  if (truncation !== undefined && truncation !== "disabled")
+    throw unsupported("truncation", `truncation ${JSON.stringify(truncation)} is not supported (only "disabled": a prompt over the context is a 400)`);
   if (body.include !== undefined && body.include !== null) {
     if (!Array.isArray(body.include)) throw badField("include", "Invalid type for 'include': expected an array.", "invalid_type");
     if (body.include.length) throw unsupported("include", `include ${JSON.stringify(body.include)} is not supported`);
   }
-  if (body.top_logprobs !== undefined && body.top_logprobs !== null && body.top_logprobs !== 0) throw unsupported("top_logprobs", "top_logprobs is not supported on /v1/responses (use /v1/chat/completions)");
+  if (body.top_logprobs !== undefined && body.top_logprobs !== null && body.top_logprobs !== 0)
+    throw unsupported("top_logprobs", "top_logprobs is not supported on /v1/responses (use /v1/chat/completions)");
   const tier = str(body.service_tier, "service_tier");
-  if (tier !== undefined && tier !== "auto" && tier !== "default") throw unsupported("service_tier", `service_tier ${JSON.stringify(tier)} is not supported ("auto" or "default")`);
+  if (tier !== undefined && tier !== "auto" && tier !== "default")
+    throw unsupported("service_tier", `service_tier ${JSON.stringify(tier)} is not supported ("auto" or "default")`);
   if (body.stream_options !== undefined && body.stream_options !== null) {
     if (!isObject(body.stream_options)) throw badField("stream_options", "Invalid type for 'stream_options': expected an object.", "invalid_type");
     checkKeys(body.stream_options, ["include_obfuscation"], "stream_options");
-    if (bool(body.stream_options.include_obfuscation, "stream_options.include_obfuscation") === true) throw unsupported("stream_options.include_obfuscation", "stream obfuscation is not supported");
+    if (bool(body.stream_options.include_obfuscation, "stream_options.include_obfuscation") === true)
+      throw unsupported("stream_options.include_obfuscation", "stream obfuscation is not supported");
   }
   const user = str(body.user, "user");
   const safetyIdentifier = str(body.safety_identifier, "safety_identifier");
@@ -248,7 +265,8 @@ export function parseResponsesRequest(body: Obj, ctx: ServerCore["vctx"], store:
     if (entries.length > 16) throw badField("metadata", "Invalid 'metadata': at most 16 keys.");
     for (const [k, v] of entries) {
       if (k.length > 64) throw badField("metadata", `Invalid 'metadata': key '${k.slice(0, 16)}…' is longer than 64 characters.`);
-      if (typeof v !== "string" || v.length > 512) throw badField(`metadata.${k}`, `Invalid 'metadata.${k}': expected a string of at most 512 characters.`, "invalid_type");
+      if (typeof v !== "string" || v.length > 512)
+        throw badField(`metadata.${k}`, `Invalid 'metadata.${k}': expected a string of at most 512 characters.`, "invalid_type");
     }
     metadata = body.metadata;
   }
@@ -261,7 +279,8 @@ export function parseResponsesRequest(body: Obj, ctx: ServerCore["vctx"], store:
     effort = str(r.effort, "reasoning.effort");
     for (const k of ["summary", "generate_summary"]) {
       const s = str(r[k], `reasoning.${k}`);
-      if (s !== undefined && !["auto", "concise", "detailed"].includes(s)) throw badField(`reasoning.${k}`, `Invalid value for 'reasoning.${k}': expected 'auto', 'concise' or 'detailed'.`);
+      if (s !== undefined && !["auto", "concise", "detailed"].includes(s))
+        throw badField(`reasoning.${k}`, `Invalid value for 'reasoning.${k}': expected 'auto', 'concise' or 'detailed'.`);
       if (s !== undefined) summary = true;
     }
   }
@@ -269,14 +288,17 @@ export function parseResponsesRequest(body: Obj, ctx: ServerCore["vctx"], store:
     const t = body.text;
     if (!isObject(t)) throw badField("text", "Invalid type for 'text': expected an object.", "invalid_type");
     checkKeys(t, ["format", "verbosity"], "text");
-    if (t.format !== undefined && t.format !== null && !(isObject(t.format) && t.format.type === "text")) throw unsupported("text.format", "text.format other than {\"type\": \"text\"} (structured output) is not supported on /v1/responses");
+    if (t.format !== undefined && t.format !== null && !(isObject(t.format) && t.format.type === "text"))
+      throw unsupported("text.format", 'text.format other than {"type": "text"} (structured output) is not supported on /v1/responses');
     const verbosity = str(t.verbosity, "text.verbosity");
-    if (verbosity !== undefined && verbosity !== "medium") throw unsupported("text.verbosity", `text.verbosity ${JSON.stringify(verbosity)} is not supported (only "medium")`);
+    if (verbosity !== undefined && verbosity !== "medium")
+      throw unsupported("text.verbosity", `text.verbosity ${JSON.stringify(verbosity)} is not supported (only "medium")`);
   }
   let maxOutputTokens: number | null = null;
   if (body.max_output_tokens !== undefined && body.max_output_tokens !== null) {
     const v = body.max_output_tokens;
-    if (typeof v !== "number" || !Number.isInteger(v)) throw badField("max_output_tokens", `Invalid type for 'max_output_tokens': expected an integer, but got ${typeName(v)} instead.`, "invalid_type");
+    if (typeof v !== "number" || !Number.isInteger(v))
+      throw badField("max_output_tokens", `Invalid type for 'max_output_tokens': expected an integer, but got ${typeName(v)} instead.`, "invalid_type");
     if (v < 1) throw badField("max_output_tokens", `Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 1, but got ${v} instead.`);
     maxOutputTokens = v;
   }
@@ -293,10 +315,14 @@ export function parseResponsesRequest(body: Obj, ctx: ServerCore["vctx"], store:
   const messages = [...(instructions !== undefined ? [{ role: "system", content: instructions }] : []), ...conversation];
   const chat: Obj = { model, messages };
   if (maxOutputTokens !== null) chat.max_tokens = maxOutputTokens;
-  for (const [k, max] of [["temperature", 2], ["top_p", 1]] as const) {
+  for (const [k, max] of [
+    ["temperature", 2],
+    ["top_p", 1],
+  ] as const) {
     const v = body[k];
     if (v === undefined || v === null) continue;
-    if (typeof v !== "number" || !Number.isFinite(v)) throw badField(k, `Invalid type for '${k}': expected a number, but got ${typeName(v)} instead.`, "invalid_type");
+    if (typeof v !== "number" || !Number.isFinite(v))
+      throw badField(k, `Invalid type for '${k}': expected a number, but got ${typeName(v)} instead.`, "invalid_type");
     if (v < 0 || v > max) throw badField(k, `Invalid '${k}': expected a value between 0 and ${max}, but got ${v} instead.`);
     chat[k] = v;
   }
@@ -308,7 +334,8 @@ export function parseResponsesRequest(body: Obj, ctx: ServerCore["vctx"], store:
     parsed = parseChatRequest(chat, ctx);
   } catch (e) {
     // Shared names (model, temperature, top_p, tool_choice, reasoning_effort) stay; the conversation is `input`.
-    if (e instanceof ApiError && e.param === "reasoning_effort") throw new ApiError(e.status, e.message.replace("reasoning_effort", "reasoning.effort"), "reasoning.effort", e.code);
+    if (e instanceof ApiError && e.param === "reasoning_effort")
+      throw new ApiError(e.status, e.message.replace("reasoning_effort", "reasoning.effort"), "reasoning.effort", e.code);
     if (e instanceof ApiError && e.param?.startsWith("messages")) throw new ApiError(e.status, e.message, "input", e.code);
     throw e;
   }
@@ -417,7 +444,8 @@ export class ResponsesApi {
   }
 
   stored(req: Request, id: string): Response {
-    if (req.method !== "GET" && req.method !== "DELETE") throw new ApiError(405, `/v1/responses/{id} takes GET or DELETE, not ${req.method}`, null, "method_not_allowed");
+    if (req.method !== "GET" && req.method !== "DELETE")
+      throw new ApiError(405, `/v1/responses/{id} takes GET or DELETE, not ${req.method}`, null, "method_not_allowed");
     // A base, for an HTTP/1.0 request without Host (Bun then gives req.url as a bare path).
     const query = [...new URL(req.url, "http://localhost").searchParams.keys()][0];
     if (query !== undefined) throw unsupported(query, `${query} is not supported when retrieving a stored response`);
@@ -432,11 +460,17 @@ export class ResponsesApi {
 
   async create(req: Request, r: ResponsesRequest): Promise<Response> {
     const sub = this.core.submit(req, r.parsed);
-    const w = new ResponseWriter(r, sub, new Turn(this.core.opts.model.tokenizer, sub.promptIds, { maxToolCalls: r.oneToolCall ? 1 : Number.POSITIVE_INFINITY }), this);
-    if (r.stream) return sseResponse(this.core, req, sub, w.events(), (e) => {
-      const err = toApiError(e).body().error;
-      return sse("error", { type: "error", code: err.code ?? err.type, message: err.message, param: err.param, sequence_number: w.seq++ });
-    });
+    const w = new ResponseWriter(
+      r,
+      sub,
+      new Turn(this.core.opts.model.tokenizer, sub.promptIds, { maxToolCalls: r.oneToolCall ? 1 : Number.POSITIVE_INFINITY }),
+      this,
+    );
+    if (r.stream)
+      return sseResponse(this.core, req, sub, w.events(), (e) => {
+        const err = toApiError(e).body().error;
+        return sse("error", { type: "error", code: err.code ?? err.type, message: err.message, param: err.param, sequence_number: w.seq++ });
+      });
     try {
       const stream = sub.streams[0]!;
       for await (const ev of stream) w.add(w.turn.push(ev));
@@ -549,7 +583,14 @@ class ResponseWriter {
       if (p.type === "tool_call") {
         this.#close();
         const args = JSON.stringify(p.call.call.arguments);
-        const item: Obj = { id: `fc_${p.call.id.replace(/^call_/, "")}`, type: "function_call", status: "in_progress", call_id: p.call.id, name: p.call.call.name, arguments: "" };
+        const item: Obj = {
+          id: `fc_${p.call.id.replace(/^call_/, "")}`,
+          type: "function_call",
+          status: "in_progress",
+          call_id: p.call.id,
+          name: p.call.call.name,
+          arguments: "",
+        };
         const index = this.output.length;
         this.output.push(item);
         this.#emit("response.output_item.added", { output_index: index, item: { ...item } });
@@ -564,13 +605,17 @@ class ResponseWriter {
       if (this.#open?.kind !== kind) {
         this.#close();
         const index = this.output.length;
-        const item: Obj = kind === "message" ? { id: `msg_${hex()}`, type: "message", status: "in_progress", role: "assistant", content: [] } : { id: `rs_${hex()}`, type: "reasoning", summary: [], content: [] };
+        const item: Obj =
+          kind === "message"
+            ? { id: `msg_${hex()}`, type: "message", status: "in_progress", role: "assistant", content: [] }
+            : { id: `rs_${hex()}`, type: "reasoning", summary: [], content: [] };
         if (kind === "reasoning" && this.r.summary) delete item.content;
         this.output.push(item);
         this.#open = { index, item, kind, text: "" };
         this.#emit("response.output_item.added", { output_index: index, item: structuredClone(item) });
         const base = { item_id: item.id, output_index: index };
-        if (kind === "message") this.#emit("response.content_part.added", { ...base, content_index: 0, part: { type: "output_text", text: "", annotations: [], logprobs: [] } });
+        if (kind === "message")
+          this.#emit("response.content_part.added", { ...base, content_index: 0, part: { type: "output_text", text: "", annotations: [], logprobs: [] } });
         else if (this.r.summary) this.#emit("response.reasoning_summary_part.added", { ...base, summary_index: 0, part: { type: "summary_text", text: "" } });
         else this.#emit("response.content_part.added", { ...base, content_index: 0, part: { type: "reasoning_text", text: "" } });
       }
@@ -593,7 +638,8 @@ class ResponseWriter {
     if (this.r.store && end.kind !== "cancelled") {
       const o = this.turn.output;
       const assistant: Obj = { role: "assistant", content: o.content || null };
-      if (this.turn.toolCalls.length) assistant.tool_calls = this.turn.toolCalls.map((c) => ({ id: c.id, type: "function", function: { name: c.call.name, arguments: c.call.arguments } }));
+      if (this.turn.toolCalls.length)
+        assistant.tool_calls = this.turn.toolCalls.map((c) => ({ id: c.id, type: "function", function: { name: c.call.name, arguments: c.call.arguments } }));
       this.api.store.put(this.id, response, [...this.r.conversation, assistant]);
     }
     return response;

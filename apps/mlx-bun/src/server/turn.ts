@@ -69,7 +69,8 @@ export class Turn {
   /** Why the turn ended (call after `end`). */
   endOf(r: GenerationResult): TurnEnd {
     if (r.finishReason === "cancelled") return { kind: "cancelled" };
-    if (r.finishReason === "length") return this.opts.maxTokens !== undefined && r.tokens.length < this.opts.maxTokens ? { kind: "context_full" } : { kind: "max_tokens" };
+    if (r.finishReason === "length")
+      return this.opts.maxTokens !== undefined && r.tokens.length < this.opts.maxTokens ? { kind: "context_full" } : { kind: "max_tokens" };
     if (this.toolCalls.length) return { kind: "tool_calls" };
     const last = r.tokens.at(-1);
     const stops = (this.opts.stops ?? []).filter((s) => s.length > 0);

@@ -86,17 +86,27 @@ function parseToolChoice(v: unknown, tools: unknown[] | null): ToolChoice {
   }
   if (isObject(v) && v.type === "function" && isObject(v.function) && typeof v.function.name === "string") {
     const name = v.function.name;
-    if (!names.includes(name)) throw badField("tool_choice", `tool_choice names the function '${name}', which is not in tools (${names.map((n) => `'${n}'`).join(", ") || "none"})`);
+    if (!names.includes(name))
+      throw badField("tool_choice", `tool_choice names the function '${name}', which is not in tools (${names.map((n) => `'${n}'`).join(", ") || "none"})`);
     return { type: "function", name };
   }
-  throw badField("tool_choice", 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', typeof v === "string" ? "invalid_value" : "invalid_type");
+  throw badField(
+    "tool_choice",
+    'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+    typeof v === "string" ? "invalid_value" : "invalid_type",
+  );
 }
 
 /** OpenAI's reasoning_effort → Gemma 4's enable_thinking ("none" turns thinking off; the template has no effort levels). */
 function reasoningEffort(v: unknown): boolean | undefined {
   if (v === undefined || v === null) return undefined;
   const levels = ["none", "minimal", "low", "medium", "high"];
-  if (typeof v !== "string" || !levels.includes(v)) throw badField("reasoning_effort", `reasoning_effort must be one of ${levels.map((l) => `"${l}"`).join(", ")}`, typeof v === "string" ? "invalid_value" : "invalid_type");
+  if (typeof v !== "string" || !levels.includes(v))
+    throw badField(
+      "reasoning_effort",
+      `reasoning_effort must be one of ${levels.map((l) => `"${l}"`).join(", ")}`,
+      typeof v === "string" ? "invalid_value" : "invalid_type",
+    );
   return v !== "none";
 }
 
@@ -145,7 +155,8 @@ function num(body: Record<string, unknown>, key: string, def: number, rule: Numb
 function int(body: Record<string, unknown>, key: string, def: number, rule: NumberRule = {}): number {
   const v = body[key];
   if (v === undefined || v === null) return def;
-  if (typeof v !== "number" || !Number.isInteger(v)) throw badField(key, `${key} must be an integer, got ${typeof v === "number" ? v : typeName(v)}`, "invalid_type");
+  if (typeof v !== "number" || !Number.isInteger(v))
+    throw badField(key, `${key} must be an integer, got ${typeof v === "number" ? v : typeName(v)}`, "invalid_type");
   return range(key, v, rule);
 }
 
@@ -187,7 +198,12 @@ function unsupported(param: string, message: string): ApiError {
 function parseCommon(body: Record<string, unknown>, ctx: ValidationContext, endpoint: "chat" | "completion"): ParsedCommon {
   const model = str(body, "model") ?? "default_model";
   if (ctx.modelIds.length && model !== "default_model" && !ctx.modelIds.includes(model)) {
-    throw new ApiError(404, `The model '${model}' does not exist; this server serves ${ctx.modelIds.map((m) => `'${m}'`).join(", ")}`, "model", "model_not_found");
+    throw new ApiError(
+      404,
+      `The model '${model}' does not exist; this server serves ${ctx.modelIds.map((m) => `'${m}'`).join(", ")}`,
+      "model",
+      "model_not_found",
+    );
   }
   const stream = bool(body, "stream", false);
   let includeUsage = false;
@@ -218,11 +234,13 @@ function parseCommon(body: Record<string, unknown>, ctx: ValidationContext, endp
   // threshold must also be in apply_xtc's [0, 0.5] (mlx_lm.server fails later, while sampling).
   const xtcProbability = num(body, "xtc_probability", ctx.defaults.xtcProbability ?? 0, { min: 0, max: 1 });
   const xtcThreshold = num(body, "xtc_threshold", ctx.defaults.xtcThreshold ?? 0.1, { min: 0, max: 1 });
-  if (xtcProbability > 0 && xtcThreshold > 0.5) throw badField("xtc_threshold", `xtc_threshold must be at most 0.5 when xtc_probability > 0, got ${xtcThreshold}`);
+  if (xtcProbability > 0 && xtcThreshold > 0.5)
+    throw badField("xtc_threshold", `xtc_threshold must be at most 0.5 when xtc_probability > 0, got ${xtcThreshold}`);
   // Speculative decoding uses the server's --draft-model; num_draft_tokens 0 turns it off per request.
-  const numDraftTokens = body.num_draft_tokens === undefined || body.num_draft_tokens === null ? undefined : int(body, "num_draft_tokens", 0, { min: 0, max: 64 });
+  const numDraftTokens =
+    body.num_draft_tokens === undefined || body.num_draft_tokens === null ? undefined : int(body, "num_draft_tokens", 0, { min: 0, max: 64 });
   if (body.draft_model !== undefined && body.draft_model !== null && body.draft_model !== "default_model") {
-    throw unsupported("draft_model", "only the server's --draft-model (\"default_model\") can be used for speculative decoding");
+    throw unsupported("draft_model", 'only the server\'s --draft-model ("default_model") can be used for speculative decoding');
   }
   if (body.adapters !== undefined && body.adapters !== null) {
     str(body, "adapters");
@@ -300,7 +318,8 @@ function parseMessages(v: unknown): ChatMessage[] {
   return v.map((m, i): ChatMessage => {
     const p = `messages[${i}]`;
     if (!isObject(m)) throw badField(p, `${p} must be an object, got ${typeName(m)}`, "invalid_type");
-    if (typeof m.role !== "string" || !m.role) throw badField(`${p}.role`, `${p}.role must be a non-empty string`, typeof m.role === "string" ? "invalid_value" : "invalid_type");
+    if (typeof m.role !== "string" || !m.role)
+      throw badField(`${p}.role`, `${p}.role must be a non-empty string`, typeof m.role === "string" ? "invalid_value" : "invalid_type");
     const out: ChatMessage = { ...m, role: m.role };
     // content: a string, null, or a list of text parts (joined, as mlx_lm.server's process_message_content).
     const c = m.content;
@@ -315,7 +334,8 @@ function parseMessages(v: unknown): ChatMessage[] {
           return part.text;
         })
         .join("");
-    } else if (typeof c !== "string") throw badField(`${p}.content`, `${p}.content must be a string, a list of text parts or null, got ${typeName(c)}`, "invalid_type");
+    } else if (typeof c !== "string")
+      throw badField(`${p}.content`, `${p}.content must be a string, a list of text parts or null, got ${typeName(c)}`, "invalid_type");
     // Tool-call arguments sent as JSON strings reach the template as objects (mlx_lm.server does the same).
     if (m.tool_calls !== undefined && m.tool_calls !== null) {
       if (!Array.isArray(m.tool_calls)) throw badField(`${p}.tool_calls`, `${p}.tool_calls must be a list`, "invalid_type");
@@ -388,16 +408,20 @@ export function parseResponseFormat(v: unknown, tools: unknown[] | null = null, 
   } else if (v.type === "json_schema") {
     only(v, P, ["type", "json_schema"]);
     const js = v.json_schema;
-    if (!isObject(js)) throw badField(P, `${P}.json_schema must be an object, got ${typeName(js)}`, js === undefined ? "missing_required_parameter" : "invalid_type");
+    if (!isObject(js))
+      throw badField(P, `${P}.json_schema must be an object, got ${typeName(js)}`, js === undefined ? "missing_required_parameter" : "invalid_type");
     only(js, `${P}.json_schema`, ["name", "description", "schema", "strict"]);
     if (typeof js.name !== "string" || !/^[A-Za-z0-9_-]{1,64}$/.test(js.name)) {
       throw badField(P, `${P}.json_schema.name must be 1-64 letters, digits, underscores or dashes, got ${JSON.stringify(js.name)}`);
     }
-    if (js.description !== undefined && js.description !== null && typeof js.description !== "string") throw badField(P, `${P}.json_schema.description must be a string`, "invalid_type");
+    if (js.description !== undefined && js.description !== null && typeof js.description !== "string")
+      throw badField(P, `${P}.json_schema.description must be a string`, "invalid_type");
     // strict: accepted; the schema is always enforced (strict or not), as OpenAI's strict mode.
-    if (js.strict !== undefined && js.strict !== null && typeof js.strict !== "boolean") throw badField(P, `${P}.json_schema.strict must be a boolean`, "invalid_type");
+    if (js.strict !== undefined && js.strict !== null && typeof js.strict !== "boolean")
+      throw badField(P, `${P}.json_schema.strict must be a boolean`, "invalid_type");
     const schema = js.schema;
-    if (schema !== undefined && schema !== null && !isObject(schema) && typeof schema !== "boolean") throw badField(P, `${P}.json_schema.schema must be an object, got ${typeName(schema)}`, "invalid_type");
+    if (schema !== undefined && schema !== null && !isObject(schema) && typeof schema !== "boolean")
+      throw badField(P, `${P}.json_schema.schema must be an object, got ${typeName(schema)}`, "invalid_type");
     out = { type: "json_schema", schema: schema ?? {} };
   } else {
     throw badField(P, `${P}.type must be "text", "json_object" or "json_schema", got ${JSON.stringify(v.type)}`);
@@ -419,7 +443,8 @@ export function parseCompletionRequest(body: Record<string, unknown>, ctx: Valid
   else if (Array.isArray(p) && p.length === 1 && typeof p[0] === "string") prompt = p[0];
   else if (Array.isArray(p) && p.length > 0 && p.every((x) => typeof x === "number")) {
     for (const x of p as number[]) {
-      if (!Number.isInteger(x) || x < 0 || x >= ctx.vocabSize) throw badField("prompt", `prompt token id ${x} is outside the vocabulary (0..${ctx.vocabSize - 1})`);
+      if (!Number.isInteger(x) || x < 0 || x >= ctx.vocabSize)
+        throw badField("prompt", `prompt token id ${x} is outside the vocabulary (0..${ctx.vocabSize - 1})`);
     }
     prompt = p as number[];
   } else if (Array.isArray(p) && p.length > 1 && p.every((x) => typeof x === "string")) {

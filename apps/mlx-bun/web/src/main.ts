@@ -40,7 +40,11 @@ const $ = <T extends HTMLElement>(id: string): T => {
   return el as T;
 };
 
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, props: Partial<Record<string, string>> = {}, ...children: (Node | string)[]): HTMLElementTagNameMap[K] {
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  props: Partial<Record<string, string>> = {},
+  ...children: (Node | string)[]
+): HTMLElementTagNameMap[K] {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(props)) {
     if (v === undefined) continue;
@@ -259,7 +263,9 @@ function readSettings(): void {
   }
   ui.settingsBadge.hidden = errors.size === 0;
   ui.settingsSummary.hidden = errors.size === 0;
-  ui.settingsSummary.textContent = errors.size ? `${errors.size === 1 ? "One value is" : `${errors.size} values are`} invalid: nothing is sent until ${errors.size === 1 ? "it is" : "they are"} fixed or cleared.` : "";
+  ui.settingsSummary.textContent = errors.size
+    ? `${errors.size === 1 ? "One value is" : `${errors.size} values are`} invalid: nothing is sent until ${errors.size === 1 ? "it is" : "they are"} fixed or cleared.`
+    : "";
   saveSettings(store, settings);
 }
 
@@ -352,20 +358,34 @@ function listItem(c: Conversation): HTMLLIElement {
   }
   const open = el("button", { type: "button", class: "conversation-open", "data-id": c.id });
   if (c === state.current) open.setAttribute("aria-current", "true");
-  open.append(el("span", { class: "conversation-title", text: c.title }), el("span", { class: "conversation-date muted small", text: new Date(c.updated || c.created).toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" }) }));
+  open.append(
+    el("span", { class: "conversation-title", text: c.title }),
+    el("span", {
+      class: "conversation-date muted small",
+      text: new Date(c.updated || c.created).toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" }),
+    }),
+  );
   if (state.streams.has(c.id)) open.append(el("span", { class: "conversation-busy small", text: "replying…" }));
   open.addEventListener("click", () => {
     openConversation(c.id);
     if (isNarrow()) setPanel("sidebar", false, false);
     ui.prompt.focus();
   });
-  const rename = el("button", { type: "button", class: "conversation-rename icon-button", "aria-label": `Rename conversation: ${c.title}`, title: "Rename" }, el("span", { "aria-hidden": "true", text: "✎" }));
+  const rename = el(
+    "button",
+    { type: "button", class: "conversation-rename icon-button", "aria-label": `Rename conversation: ${c.title}`, title: "Rename" },
+    el("span", { "aria-hidden": "true", text: "✎" }),
+  );
   rename.addEventListener("click", () => {
     state.renaming = c.id;
     state.renameDraft = c.title;
     renderList();
   });
-  const del = el("button", { type: "button", class: "conversation-delete icon-button", "aria-label": `Delete conversation: ${c.title}`, title: "Delete" }, el("span", { "aria-hidden": "true", text: "×" }));
+  const del = el(
+    "button",
+    { type: "button", class: "conversation-delete icon-button", "aria-label": `Delete conversation: ${c.title}`, title: "Delete" },
+    el("span", { "aria-hidden": "true", text: "×" }),
+  );
   del.addEventListener("click", () => deleteConversation(c.id));
   li.append(open, rename, del);
   return li;
@@ -499,13 +519,39 @@ function messageView(c: Conversation, m: Message): HTMLElement {
   const sibs = siblingsOf(c, m);
   if (sibs.length > 1) {
     const i = sibs.indexOf(m);
-    const prev = el("button", { type: "button", class: "icon-button version-prev", "aria-label": `Previous version of this ${m.role === "user" ? "message" : "reply"}`, title: "Previous version" }, el("span", { "aria-hidden": "true", text: "‹" }));
-    const next = el("button", { type: "button", class: "icon-button version-next", "aria-label": `Next version of this ${m.role === "user" ? "message" : "reply"}`, title: "Next version" }, el("span", { "aria-hidden": "true", text: "›" }));
+    const prev = el(
+      "button",
+      {
+        type: "button",
+        class: "icon-button version-prev",
+        "aria-label": `Previous version of this ${m.role === "user" ? "message" : "reply"}`,
+        title: "Previous version",
+      },
+      el("span", { "aria-hidden": "true", text: "‹" }),
+    );
+    const next = el(
+      "button",
+      {
+        type: "button",
+        class: "icon-button version-next",
+        "aria-label": `Next version of this ${m.role === "user" ? "message" : "reply"}`,
+        title: "Next version",
+      },
+      el("span", { "aria-hidden": "true", text: "›" }),
+    );
     prev.disabled = i === 0;
     next.disabled = i === sibs.length - 1;
     prev.addEventListener("click", () => showVersion(c, m, -1));
     next.addEventListener("click", () => showVersion(c, m, 1));
-    head.append(el("div", { class: "versions", role: "group", "aria-label": "Versions", "data-index": String(i), "data-count": String(sibs.length) }, prev, el("span", { class: "version-count small", text: `${i + 1} / ${sibs.length}`, "aria-label": `version ${i + 1} of ${sibs.length}` }), next));
+    head.append(
+      el(
+        "div",
+        { class: "versions", role: "group", "aria-label": "Versions", "data-index": String(i), "data-count": String(sibs.length) },
+        prev,
+        el("span", { class: "version-count small", text: `${i + 1} / ${sibs.length}`, "aria-label": `version ${i + 1} of ${sibs.length}` }),
+        next,
+      ),
+    );
   }
   const reasoningSummary = el("summary", { class: "reasoning-summary" });
   const reasoningBody = el("div", { class: "reasoning-content" });
@@ -515,7 +561,12 @@ function messageView(c: Conversation, m: Message): HTMLElement {
   const error = el("p", { class: "error message-error" });
   const stats = el("p", { class: "message-stats muted small" });
   const actions = el("div", { class: "message-actions", role: "group", "aria-label": "Message actions" });
-  const copy = el("button", { type: "button", class: "small-button action-copy", text: "Copy", "aria-label": `Copy ${m.role === "user" ? "message" : "reply"}` });
+  const copy = el("button", {
+    type: "button",
+    class: "small-button action-copy",
+    text: "Copy",
+    "aria-label": `Copy ${m.role === "user" ? "message" : "reply"}`,
+  });
   copy.addEventListener("click", () => copyText(messageText(m), copy, "Copy"));
   actions.append(copy);
   if (m.role === "user") {
@@ -583,7 +634,14 @@ function toolCallView(t: { id: string; type: string; name: string; arguments: st
   return el(
     "div",
     { class: "tool-call", role: "group", "aria-label": `Tool call: ${t.name}` },
-    el("p", { class: "tool-call-head" }, el("span", { class: "tool-call-kind", text: "Tool call" }), " ", el("code", { class: "tool-name", text: t.name }), t.id ? el("span", { class: "tool-id muted small", text: t.id }) : ""),
+    el(
+      "p",
+      { class: "tool-call-head" },
+      el("span", { class: "tool-call-kind", text: "Tool call" }),
+      " ",
+      el("code", { class: "tool-name", text: t.name }),
+      t.id ? el("span", { class: "tool-id muted small", text: t.id }) : "",
+    ),
     el("pre", {}, el("code", { class: "tool-arguments", text: args })),
   );
 }

@@ -317,7 +317,11 @@ export function addMessage(c: Conversation, parent: string | null, role: Role, c
 
 /** A conversation's title: the start of its first user message. */
 export function titleFor(messages: Pick<Message, "role" | "content">[]): string {
-  const first = messages.find((m) => m.role === "user")?.content.replace(/\s+/g, " ").trim() ?? "";
+  const first =
+    messages
+      .find((m) => m.role === "user")
+      ?.content.replace(/\s+/g, " ")
+      .trim() ?? "";
   if (!first) return "New conversation";
   return first.length > 60 ? `${first.slice(0, 57)}…` : first;
 }
@@ -382,7 +386,11 @@ export function parseImport(text: string): Conversation[] {
  * Add imported conversations: one already here with the same id and the same content is skipped;
  * one that differs is added as a copy with a new id (nothing here is overwritten).
  */
-export function mergeImported(existing: Conversation[], imported: Conversation[], newIdFn: () => string = newId): { list: Conversation[]; added: number; skipped: number } {
+export function mergeImported(
+  existing: Conversation[],
+  imported: Conversation[],
+  newIdFn: () => string = newId,
+): { list: Conversation[]; added: number; skipped: number } {
   const byId = new Map(existing.map((c) => [c.id, c]));
   const out = [...existing];
   let added = 0;

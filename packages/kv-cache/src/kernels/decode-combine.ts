@@ -15,7 +15,8 @@ export const decodeCombineKernel = mx.kernels.custom_kernel({
     if (po!.ndim !== 3 || pm!.ndim !== 2) return `partials must be o [R, P, Dv] and m, l [R, P], got ${po!.describe()}, ${pm!.describe()}`;
     if (pm!.shape.join() !== po!.shape.slice(0, 2).join() || pl!.shape.join() !== pm!.shape.join()) return "partials o, m, l disagree in [R, P]";
     for (const a of [po!, pm!, pl!]) if (a.dtype !== "float32") return `partials must be float32, got ${a.dtype}`;
-    if (q!.ndim !== 4 || q!.shape[0]! * q!.shape[1]! !== po!.shape[0] || q!.shape[2] !== 1) return `q ${q!.describe()} must be [B, Hq, 1, D] with B·Hq = ${po!.shape[0]}`;
+    if (q!.ndim !== 4 || q!.shape[0]! * q!.shape[1]! !== po!.shape[0] || q!.shape[2] !== 1)
+      return `q ${q!.describe()} must be [B, Hq, 1, D] with B·Hq = ${po!.shape[0]}`;
     return null;
   },
   reference: ([po, pm, pl, q], s) => {

@@ -40,7 +40,10 @@ export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number,
   if (!isFloating(q.dtype) || q.dtype === "float64") return `queries must be float32, bfloat16 or float16, got ${q.dtype}`;
   if (qd !== dk) return `query dim ${qd} differs from the key dim ${dk}`;
   if (qHeads % kvHeads !== 0) return `${qHeads} query heads are not a multiple of ${kvHeads} KV heads`;
-  for (const [n, d] of [["key", dk], ["value", dv]] as const) {
+  for (const [n, d] of [
+    ["key", dk],
+    ["value", dv],
+  ] as const) {
     if (d % 32 !== 0 || d > DECODE_MAX_DIM) return `${n} head dim ${d} must be a multiple of 32 up to ${DECODE_MAX_DIM}`;
   }
   if (tokens < 1) return "no cached tokens";
@@ -63,7 +66,11 @@ export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number,
 export function partialsLaunch(p: DecodePlan, mask: MlxArray) {
   const rows = p.batch * p.qHeads;
   return {
-    output_shapes: [[rows, p.parts, p.dv], [rows, p.parts], [rows, p.parts]],
+    output_shapes: [
+      [rows, p.parts, p.dv],
+      [rows, p.parts],
+      [rows, p.parts],
+    ],
     output_dtypes: ["float32", "float32", "float32"] as const,
     grid: [p.parts * DECODE_WARPS * 32, p.batch * p.kvHeads, p.nRep / p.reps] as [number, number, number],
     threadgroup: [DECODE_WARPS * 32, 1, 1] as [number, number, number],
@@ -119,7 +126,18 @@ export function referencePartials(p: DecodePlan, qs: MlxArray, keys: MlxArray, v
   using raw = mx.matmul(q5, kt, s); // [B, H, R, T]
   using m32 = mask.dtype === "bool" ? mask.retain() : mx.astype(mask, "float32", s);
   using masked = mask.dtype === "bool" ? mx.where(m32, raw, -3.4028234663852886e38, s) : mx.add(raw, m32, s);
-  using padded = pad ? mx.pad(masked, [[0, 0], [0, 0], [0, 0], [0, pad]], { constant_values: -Infinity, ...so }) : masked.retain();
+  using padded = pad
+    ? mx.pad(
+        masked,
+        [
+          [0, 0],
+          [0, 0],
+          [0, 0],
+          [0, pad],
+        ],
+        { constant_values: -Infinity, ...so },
+      )
+    : masked.retain();
   using s5 = mx.reshape(padded, [B, H, R, P, tpw], s);
   using mrun = mx.max(s5, -1, { keepdims: true, ...so });
   using diff = mx.subtract(s5, mrun, s);
@@ -127,7 +145,18 @@ export function referencePartials(p: DecodePlan, qs: MlxArray, keys: MlxArray, v
   using gone = mx.equal(s5, -Infinity, s);
   using e = mx.where(gone, 0, ex, s);
   using l = mx.sum(e, -1, so);
-  using vpad = pad ? mx.pad(values, [[0, 0], [0, 0], [0, pad], [0, 0]], so) : values.retain();
+  using vpad = pad
+    ? mx.pad(
+        values,
+        [
+          [0, 0],
+          [0, 0],
+          [0, pad],
+          [0, 0],
+        ],
+        so,
+      )
+    : values.retain();
   using v5 = mx.reshape(vpad, [B, H, P, tpw, dv], s);
   using et = mx.transpose(e, [0, 1, 3, 2, 4], s); // [B, H, P, R, tpw]
   using ot = mx.matmul(et, v5, s); // [B, H, P, R, Dv]

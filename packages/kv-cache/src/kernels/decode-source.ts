@@ -35,8 +35,7 @@ const OPS: Record<Backend, Ops> = {
     exp: "expf",
     max: "fmaxf",
     negInf: "(-cuda::std::numeric_limits<float>::infinity())",
-    warpSum: (x) =>
-      `for (int off = 16; off > 0; off >>= 1) ${x} += __shfl_xor_sync(0xffffffffu, ${x}, off);`,
+    warpSum: (x) => `for (int off = 16; off > 0; off >>= 1) ${x} += __shfl_xor_sync(0xffffffffu, ${x}, off);`,
   },
   // Metal: simdgroups are 32 lanes of consecutive thread indices of a 1-D threadgroup.
   metal: {

@@ -247,7 +247,12 @@ export class CustomKernel implements Disposable {
       dtypes: Int32Array.from(l.output_dtypes, (d) => dtypeCode(d)),
       grid: Int32Array.from(l.grid),
       threadgroup: Int32Array.from(l.threadgroup),
-      names: tmpl.length ? joinNames(op, tmpl.map(([k]) => k)) : null,
+      names: tmpl.length
+        ? joinNames(
+            op,
+            tmpl.map(([k]) => k),
+          )
+        : null,
       kinds: tmpl.length ? Int32Array.from(tmpl, ([, v]) => (typeof v === "boolean" ? 1 : typeof v === "number" ? 0 : 2)) : null,
       values: tmpl.length ? values : null,
       n_tmpl: tmpl.length,

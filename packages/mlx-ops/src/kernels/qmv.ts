@@ -1,5 +1,5 @@
 // Affine-quantized matrix-vector product for decode: y = x @ dequantize(w, scales, biases)ᵀ for a
-// few rows of x (M = 1..16 at full speed; any M is correct), MLX's affine layout (the weight
+// few rows of x (built for M = 1..16, any M is correct), MLX's affine layout (the weight
 // packed along K in uint32 words, one scale and bias per group of `group_size` values), 4 or 8
 // bits, groups of 32/64/128: what mx.quantized_matmul(x, w, scales, biases, transpose=true)
 // computes, and its reference composition is exactly that call.
@@ -13,8 +13,10 @@
 // - a 4-bit nibble becomes a float with one byte permute and one subtraction (0x4B0000qq is
 //   2^23 + qq), no integer-to-float conversion; per group Σ(s·q + b)·x = s·Σq·x + b·Σx, so the
 //   activations are read and summed once per chunk for all RPW rows;
-// - float32 accumulation, one rounding to the output dtype (the reference, MLX's qmv, dequantizes
-//   in the activation dtype: the two differ by a few ulps of the output dtype).
+// - float32 accumulation, one rounding to the output dtype. MLX's CUDA qmv dequantizes and
+//   accumulates per lane in the activation dtype, so the two differ by about one ulp of the
+//   output; through a 48-layer model that is a KL of ~3e-3 per token (docs/benchmarks.md), which
+//   is why the model keeps MLX's op unless MLX_BUN_FAST_QMV=1.
 import { isFloating, type MlxArray, MlxError, type Stream } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul, type QuantMode } from "../quantized.ts";
 import { custom_kernel, type GpuBackend, type KernelRunOptions, kernel_environment, type PreparedLaunch, select_kernel_path } from "./kernel.ts";
@@ -402,10 +404,19 @@ export function qmv(
 // The decode setting: where a quantized linear layer uses the kernel instead of MLX's op.
 // ------------------------------------------------------------------------------------------
 
-/** "on": the kernel wherever it runs (a live GPU backend, M ≤ QMV_MAX_ROWS); "off": MLX's op. */
+/**
+ * "on": the kernel wherever a GPU source runs (at most QMV_MAX_ROWS rows of x); "off" and
+ * "auto" (the default): MLX's op. "auto" stays off on every backend until the kernel meets the
+ * rule for fast paths (teacher-forced KL against MLX's op ≤ 1e-4 per token) and is faster end to
+ * end: on the H200 it measured KL 3.3e-3 per token and 0.80× decode tok/s (docs/benchmarks.md).
+ */
 export type FastQmvSetting = "auto" | "on" | "off";
-/** Rows of x up to which the kernel is used (past that MLX's tiled matmul wins). */
-export const QMV_MAX_ROWS = 16;
+/**
+ * Rows of x up to which `quantized_linear` takes the kernel: on the H200 it beats MLX's op at
+ * M = 1, 2, 4 (MLX launches its matvec once per row) and loses from M = 8, where MLX switches to
+ * its tensor-core qmm (docs/benchmarks.md). The kernel itself is correct for any M.
+ */
+export const QMV_MAX_ROWS = 4;
 
 let setting: FastQmvSetting | undefined;
 let resolved: { on: boolean; path: GpuBackend } | undefined;
@@ -422,10 +433,9 @@ function envSetting(): FastQmvSetting {
 
 /**
  * Choose the quantized decode path for `quantized_linear` (the model's quantized layers):
- * "auto" (default; MLX_BUN_FAST_QMV=0|1|auto overrides it): the kernel on CUDA only, where its
- * KL against MLX's op was measured (docs/benchmarks.md); "on": wherever a GPU source runs;
- * "off": always mx.quantized_matmul, the exact path the parity tests use. `undefined` goes back
- * to the environment variable.
+ * "auto" (default; MLX_BUN_FAST_QMV=0|1|auto overrides it) and "off": mx.quantized_matmul, the
+ * exact path every parity test runs on; "on": the kernel where a GPU source runs. `undefined`
+ * goes back to the environment variable.
  */
 export function set_fast_qmv(s: FastQmvSetting | undefined): void {
   setting = s;
@@ -436,7 +446,8 @@ function resolve(): { on: boolean; path: GpuBackend } {
   if (resolved === undefined) {
     const s = setting ?? envSetting();
     const path = select_kernel_path(qmv_kernel.spec, kernel_environment());
-    const on = path !== "reference" && (s === "on" || (s === "auto" && path === "cuda"));
+    // "auto" is off: see FastQmvSetting for the measurements that keep it so.
+    const on = path !== "reference" && s === "on";
     resolved = { on, path: path === "reference" ? "cuda" : path };
   }
   return resolved;

@@ -123,7 +123,16 @@ function attendAndProject(lw: LayerWeights, x: MlxArray, q2: MlxArray, shared: S
 }
 
 /** Attention of a KV-owning layer: computes K/V, appends to its cache, attends. Returns h after the residual. */
-export function attentionOwn(lw: LayerWeights, x: MlxArray, mask: Mask, cache: Cache | null, B: number, L: number, eps: number, s: Scope): { h: MlxArray; shared: Shared } {
+export function attentionOwn(
+  lw: LayerWeights,
+  x: MlxArray,
+  mask: Mask,
+  cache: Cache | null,
+  B: number,
+  L: number,
+  eps: number,
+  s: Scope,
+): { h: MlxArray; shared: Shared } {
   const spec = lw.spec;
   const hIn = s.t(mx.fast.rms_norm(x, lw.inputNorm, eps));
   const q2 = queries(lw, hIn, B, L, eps, s);

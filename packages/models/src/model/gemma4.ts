@@ -37,7 +37,10 @@ export class Gemma4Model implements Disposable {
   readonly modules = new Map<string, ModuleWeights>();
   #owned: MlxArray[] = [];
 
-  constructor(readonly config: Gemma4Config, tensors: Map<string, MlxArray>) {
+  constructor(
+    readonly config: Gemma4Config,
+    tensors: Map<string, MlxArray>,
+  ) {
     const t = config.text;
     const info = new Map([...tensors].map(([n, a]) => [n, { shape: [...a.shape], dtype: a.dtype }]));
     const manifest = expectedTensors(config, { actual: info });
@@ -144,13 +147,15 @@ export class Gemma4Model implements Disposable {
     const codec = codecFor(mode);
     const slidingCodec = opts.slidingMode ? codecFor(opts.slidingMode) : codec;
     const t = this.config.text;
-    return this.specs.slice(0, this.firstShared).map((s) =>
-      s.type === "full_attention"
-        ? opts.maxKvSize
-          ? new RotatingKVCache(opts.maxKvSize, 0, codec)
-          : new KVCache(codec)
-        : new RotatingKVCache(t.slidingWindow, 0, slidingCodec),
-    );
+    return this.specs
+      .slice(0, this.firstShared)
+      .map((s) =>
+        s.type === "full_attention"
+          ? opts.maxKvSize
+            ? new RotatingKVCache(opts.maxKvSize, 0, codec)
+            : new KVCache(codec)
+          : new RotatingKVCache(t.slidingWindow, 0, slidingCodec),
+      );
   }
 
   /** Logits [B, L, vocab] for token ids [B, L] (int32), appending to `caches` (or none). */
