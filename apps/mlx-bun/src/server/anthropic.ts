@@ -11,7 +11,7 @@ import { type GenerationResult, type LogitsProcessor, maskIds } from "@mlx-bun/r
 import { initialOutputState, type OutputPart } from "./chat-output.ts";
 import { type ServerCore, type Submission, sse, sseResponse } from "./core.ts";
 import { ApiError } from "./errors.ts";
-import { toApiError } from "./http.ts";
+import { toApiError } from "./errors.ts";
 import { type ParsedChat, parseChatRequest, parseJsonBody } from "./validate.ts";
 import { Turn, type TurnEnd } from "./turn.ts";
 

@@ -3,7 +3,7 @@
 // (chat template → prompt ids → GenerateRequest → scheduler), plus the server-sent-events
 // plumbing of one streamed turn. The OpenAI endpoints of http.ts use the same `submit`.
 import type { GenerationStream, LogitsProcessor } from "@mlx-bun/runtime";
-import type { ServerOptions } from "./http.ts";
+import type { ServerOptions } from "./server-options.ts";
 import type { ParsedRequest, ValidationContext } from "./validate.ts";
 
 /** Per-request additions to the pipeline's GenerateRequest (one choice: the processors keep state). */

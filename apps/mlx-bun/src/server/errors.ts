@@ -29,3 +29,11 @@ export class ApiError extends Error {
 export function badField(param: string, message: string, code = "invalid_value"): ApiError {
   return new ApiError(400, message, param, code);
 }
+
+/** Map anything thrown while serving to an ApiError: the runtime's RequestError is the caller's fault (400). */
+export function toApiError(e: unknown): ApiError {
+  if (e instanceof ApiError) return e;
+  const err = e as Error;
+  if (err && (err.name === "RequestError" || err.constructor?.name === "RequestError")) return new ApiError(400, err.message, null, "invalid_value");
+  return new ApiError(500, `internal error: ${err?.message ?? String(e)}`, null, null, "server_error");
+}

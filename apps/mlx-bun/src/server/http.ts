@@ -19,7 +19,8 @@ import { VERSION } from "../version.ts";
 import { AnthropicApi } from "./anthropic.ts";
 import { ChatOutput, type OutputDelta, type OutputToolCall } from "./chat-output.ts";
 import type { ServerCore, SubmitExtras, Submission } from "./core.ts";
-import { ApiError } from "./errors.ts";
+import { ApiError, toApiError } from "./errors.ts";
+import type { RequestSink, ServerOptions } from "./server-options.ts";
 import { BodyError, bunIdleTimeout, DEFAULT_LIMITS, decodePathSegment, readBodyText, requestPath, type ServerLimits } from "./limits.ts";
 import { ServerMetrics } from "./metrics.ts";
 import { OriginPolicy } from "./origin.ts";
@@ -39,54 +40,8 @@ import {
 } from "./validate.ts";
 import { DEFAULT_WEB_DIR, WebChat } from "./web.ts";
 
-/** What the server needs of the loaded model (an Engine's `loaded`). */
-export interface ServedModel {
-  dir: string;
-  tokenizer: Gemma4Tokenizer;
-  template: ChatTemplate | null;
-  config: { text: { maxPositionEmbeddings: number } };
-}
-
-/** What the server needs of the scheduler: submit a request, count the running ones. */
-export interface RequestSink {
-  submit(req: GenerateRequest): GenerationStream;
-  readonly active: number;
-}
-
-export interface ServerOptions {
-  model: ServedModel;
-  scheduler: RequestSink;
-  /** The id /v1/models lists and responses echo by default. */
-  modelId: string;
-  /** Other names a request's "model" may use (default_model is always accepted). */
-  modelAliases?: string[];
-  /** Accept any "model" name instead of a 404 for an unknown one. */
-  anyModel?: boolean;
-  host?: string;
-  /** 0 picks a free port. Default 8080, as mlx_lm.server. */
-  port?: number;
-  /** Require "Authorization: Bearer <apiKey>" (all endpoints but /health). */
-  apiKey?: string;
-  /** Largest request body in bytes (413 beyond it). Default 16 MiB. */
-  maxBodyBytes?: number;
-  defaults?: Partial<RequestDefaults>;
-  /** Server-wide chat template kwargs (mlx_lm.server --chat-template-args); a request's chat_template_kwargs override them. */
-  chatTemplateArgs?: Record<string, unknown>;
-  /** Web origins whose pages may call the API (CORS); "*" allows any. Default: none but the server's own (the web chat). */
-  allowedOrigins?: string[];
-  /** Host names the DNS-rebinding check accepts besides localhost, 127.0.0.1, [::1] and the bound address ("*": no check). */
-  allowedHosts?: string[];
-  /** Timeouts and buffer bounds per connection (limits.ts; defaults DEFAULT_LIMITS). */
-  limits?: Partial<ServerLimits>;
-  /** One line per request (default: none). */
-  log?: (line: string) => void;
-  /** The built web chat served at "/" (default: apps/mlx-bun/web/dist, built by tools/setup.sh); null: none. */
-  webDir?: string | null;
-  /** The KV cache mode /health reports (the engine's kvModeName, e.g. "bf16"). */
-  kvMode?: string;
-  /** The draft model of speculative decoding (--draft-model), if any: /health then reports acceptance totals. */
-  draftModel?: string;
-}
+export type { RequestSink, ServedModel, ServerOptions } from "./server-options.ts";
+export { toApiError } from "./errors.ts";
 
 export interface RunningServer {
   server: ReturnType<typeof Bun.serve>;
@@ -513,14 +468,6 @@ class App implements ServerCore {
 function hasBody(req: Request): boolean {
   const n = req.headers.get("content-length");
   return (n !== null && n.trim() !== "0") || req.headers.has("transfer-encoding");
-}
-
-/** Map anything thrown while serving to an ApiError: the runtime's RequestError is the caller's fault (400). */
-export function toApiError(e: unknown): ApiError {
-  if (e instanceof ApiError) return e;
-  const err = e as Error;
-  if (err && (err.name === "RequestError" || err.constructor?.name === "RequestError")) return new ApiError(400, err.message, null, "invalid_value");
-  return new ApiError(500, `internal error: ${err?.message ?? String(e)}`, null, null, "server_error");
 }
 
 interface ResponseMeta {

@@ -5,7 +5,7 @@
 import { memory } from "@mlx-bun/mlx-ffi";
 import type { GenerationResult } from "@mlx-bun/runtime";
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
-import type { RequestSink } from "./http.ts";
+import type { RequestSink } from "./server-options.ts";
 
 /** What the metrics read of the scheduler where it has it (the runtime's Scheduler does). */
 interface SchedulerView {

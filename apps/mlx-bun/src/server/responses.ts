@@ -10,7 +10,7 @@ import type { GenerationResult } from "@mlx-bun/runtime";
 import type { OutputPart } from "./chat-output.ts";
 import { type ServerCore, type Submission, sse, sseResponse } from "./core.ts";
 import { ApiError, badField } from "./errors.ts";
-import { toApiError } from "./http.ts";
+import { toApiError } from "./errors.ts";
 import { decodePathSegment } from "./limits.ts";
 import { type Turn as TurnType, Turn } from "./turn.ts";
 import { type ParsedChat, parseChatRequest, parseJsonBody } from "./validate.ts";
