@@ -3,13 +3,14 @@
 // one token per step, injected where requests enter the scheduler), so the server's parsing,
 // streaming deltas, finish_reason and the tool-result round trip are what is tested.
 import { join } from "node:path";
-import { Engine, type GenerateRequest, type GenerationStream, type LogitsProcessor, maskIds, Scheduler } from "@mlx-bun/runtime";
+import { Engine, type GenerateRequest, Scheduler } from "@mlx-bun/runtime";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { runPython, runPythonAsync } from "../../../tools/oracle/oracle.ts";
 import { chatPromptIds } from "../src/prompt.ts";
 import { type RunningServer, startServer } from "../src/server/http.ts";
 import { makeTinySmall, tempDir } from "./helpers.ts";
+import { scriptedSink } from "./scripted.ts";
 
 let tmp: ReturnType<typeof tempDir>;
 let dir: string;
@@ -17,45 +18,19 @@ let engine: Engine;
 let scheduler: Scheduler;
 let srv: RunningServer;
 let client: OpenAI;
-/** What the next requests are made to write (FIFO), as text with special tokens. */
-const scripts: string[] = [];
-const seen: GenerateRequest[] = [];
+/** What the next requests are made to write (FIFO), and every request submitted. */
+let scripts: string[];
+let seen: GenerateRequest[];
 const MODEL = "tiny";
-
-/** Allows only ids[k] at generated step k, then the end-of-turn id. */
-function forceTokens(ids: readonly number[], eos: number): LogitsProcessor {
-  let base = -1;
-  return {
-    process(history, logits) {
-      if (base < 0) base = history.length;
-      const k = history.length - base;
-      const want = k < ids.length ? ids[k]! : eos;
-      const V = logits.shape[logits.ndim - 1]!;
-      const all = Array.from({ length: V }, (_, i) => i).filter((i) => i !== want);
-      return maskIds(logits, all);
-    },
-  };
-}
 
 beforeAll(() => {
   tmp = tempDir("mlxb-tools-");
   dir = makeTinySmall(join(tmp.path, "tiny"));
   engine = Engine.load(dir);
   scheduler = new Scheduler(engine, { maxBatch: 4 });
-  const tok = engine.loaded.tokenizer;
-  const eos = tok.tokenToId("<turn|>")!;
-  const sink = {
-    get active() {
-      return scheduler.active;
-    },
-    submit(req: GenerateRequest): GenerationStream {
-      seen.push(req);
-      const script = scripts.shift();
-      if (script === undefined) return scheduler.submit(req);
-      const ids = tok.encode(script, { addSpecialTokens: false });
-      return scheduler.submit({ ...req, logitsProcessors: [...(req.logitsProcessors ?? []), forceTokens(ids, eos)] });
-    },
-  };
+  const sink = scriptedSink(engine, scheduler);
+  scripts = sink.scripts;
+  seen = sink.seen;
   srv = startServer({ model: engine.loaded, scheduler: sink, modelId: MODEL, port: 0 });
   client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: "not-needed", maxRetries: 0 });
 });
