@@ -10,6 +10,7 @@ mkdir -p "$native/bin"
 
 pin() { python3 -c "import json,sys;print(json.load(open('tools/setup/pins.json'))[sys.argv[1]])" "$1"; }
 BUN_V="$(pin bun)"; MLX_V="$(pin mlx)"; MLXLM_V="$(pin mlx-lm)"; OPENAI_V="$(pin openai-python)"
+MLXVLM_V="$(pin mlx-vlm)"; REQUESTS_V="$(pin requests)"; PILLOW_V="$(pin pillow)"
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 # 1. Bun, from the npm registry, into .native/bun.
@@ -44,6 +45,15 @@ if [ "$(cat "$venv/.mlxb-stamp" 2>/dev/null || true)" != "$wheels" ]; then
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check $wheels
   echo "$wheels" > "$venv/.mlxb-stamp"
+fi
+# mlx-vlm, the reference for gemma4_unified, images and MTP drafters: without its dependencies (a
+# server, audio and training stacks the tests never import), plus the two its model modules need.
+vlm="mlx-vlm==$MLXVLM_V requests==$REQUESTS_V pillow==$PILLOW_V"
+if [ "$(cat "$venv/.mlxb-vlm-stamp" 2>/dev/null || true)" != "$vlm" ]; then
+  step "installing $vlm into .native/venv (mlx-vlm without its dependencies)"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "requests==$REQUESTS_V" "pillow==$PILLOW_V"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "mlx-vlm==$MLXVLM_V"
+  echo "$vlm" > "$venv/.mlxb-vlm-stamp"
 fi
 
 # 4. The native library (packages/mlx-ffi/native), against that MLX.
