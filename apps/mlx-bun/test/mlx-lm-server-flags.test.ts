@@ -288,11 +288,16 @@ describe("serve --prompt-cache-file and --prompt-cache-dir", () => {
     const other = join(tmp.path, "other.safetensors");
     expect((await runCli(["cache-prompt", "--model", dense, "--prompt", "x y z", "--prompt-cache-file", other])).code).toBe(0);
     copyFileSync(other, join(dir, "prompt-cache-9001.safetensors"));
+    // A temporary file of a save a kill interrupted (its pid is not alive): removed at start.
+    const stale = ".prompt-cache-0042.safetensors.999999999.1700000000000.abc123.tmp";
+    writeFileSync(join(dir, stale), "half-written");
     const second = await start("mlx-bun", ["--model", small, "--prompt-cache-dir", dir]);
     try {
       expect(second.stderr()).toMatch(/restored \d+ prompt-cache entries \(\d+ tokens\) from /);
       expect(second.stderr()).toMatch(/skipped .*prompt-cache-9000\.safetensors: kv-store .*not a readable snapshot/);
       expect(second.stderr()).toMatch(/skipped .*prompt-cache-9001\.safetensors: kv-store .*saved from another model/);
+      expect(second.stderr()).toMatch(/removed 1 temporary files of interrupted saves/);
+      expect(readdirSync(dir)).not.toContain(stale);
       const b = await ask(second.url);
       expect(b.usage.prompt_tokens_details.cached_tokens).toBe(b.usage.prompt_tokens - 1);
       expect(b.choices[0].message).toEqual(a.choices[0].message);

@@ -63,6 +63,7 @@ export {
   type LoadPromptCacheOptions,
   readPromptCacheInfo,
   removeStaleTemps,
+  removeStaleTempsIn,
   savePromptCache,
   type SavePromptCacheInfo,
   type SavePromptCacheInput,

@@ -201,14 +201,14 @@ const isAlive = (pid: number): boolean => {
   }
 };
 
+// The temporary name of an atomic write (mlx-ffi's safetensors/mmap writers): `.<target>.<pid>.<time>[.<rand>].tmp`.
+const TEMP_RE = /^\.(.+)\.(\d+)\.\d+(?:\.[a-z0-9]*)?\.tmp$/;
+
 /**
- * Remove temporary files that interrupted saves of `path` left behind (a save killed between
- * writing and renaming: `.<name>.<pid>.<time>.<rand>.tmp`), unless their writer is still alive.
+ * Remove, in `dir`, the temporary files of interrupted saves (a save killed between writing and
+ * renaming) whose target name passes `isTarget`, unless their writer is still alive.
  */
-export function removeStaleTemps(path: string): string[] {
-  const dir = dirname(path);
-  const base = basename(path).replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-  const re = new RegExp(`^\\.${base}\\.(\\d+)\\.\\d+(?:\\.[a-z0-9]*)?\\.tmp$`);
+export function removeStaleTempsIn(dir: string, isTarget: (name: string) => boolean): string[] {
   const removed: string[] = [];
   let names: string[];
   try {
@@ -217,9 +217,9 @@ export function removeStaleTemps(path: string): string[] {
     return removed;
   }
   for (const n of names) {
-    const m = re.exec(n);
-    if (!m) continue;
-    const pid = Number(m[1]);
+    const m = TEMP_RE.exec(n);
+    if (!m || !isTarget(m[1]!)) continue;
+    const pid = Number(m[2]);
     if (pid !== process.pid && isAlive(pid)) continue;
     try {
       rmSync(join(dir, n), { force: true });
@@ -229,6 +229,12 @@ export function removeStaleTemps(path: string): string[] {
     }
   }
   return removed;
+}
+
+/** Remove the temporary files that interrupted saves of `path` left behind (see removeStaleTempsIn). */
+export function removeStaleTemps(path: string): string[] {
+  const name = basename(path);
+  return removeStaleTempsIn(dirname(path), (target) => target === name);
 }
 
 /** How one of our cache states is written: mlx-lm's class and its state tree. */

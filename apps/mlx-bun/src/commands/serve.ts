@@ -3,7 +3,7 @@
 import { mkdirSync, readdirSync, rmSync } from "node:fs";
 import { basename, join } from "node:path";
 import { ChatTemplate } from "@mlx-bun/models";
-import { type Engine, type PromptCache, savePromptCache } from "@mlx-bun/runtime";
+import { type Engine, type PromptCache, removeStaleTempsIn, savePromptCache } from "@mlx-bun/runtime";
 import { loadDraft, loadEngine, noteNoOps } from "../load.ts";
 import type { DraftOptions, ModelOptions, SamplingOptions } from "../options.ts";
 import { UsageError } from "../options.ts";
@@ -147,10 +147,13 @@ const entryName = (i: number): string => `prompt-cache-${String(i).padStart(4, "
 /**
  * --prompt-cache-dir at start: every `prompt-cache-<n>.safetensors` there, in order (least recently
  * used first), back into the prompt cache. A file that does not load (another model, another KV
- * mode, corrupt) is named and skipped; the server starts anyway.
+ * mode, corrupt) is named and skipped; the server starts anyway. Temporary files of saves a kill
+ * interrupted are removed first.
  */
 export async function restorePromptCache(dir: string, engine: Engine, promptCache: PromptCache): Promise<number> {
   mkdirSync(dir, { recursive: true });
+  const stale = removeStaleTempsIn(dir, (name) => ENTRY_RE.test(name));
+  if (stale.length) say(`--prompt-cache-dir: removed ${stale.length} temporary files of interrupted saves`);
   const files = readdirSync(dir)
     .filter((f) => ENTRY_RE.test(f))
     .sort();
@@ -195,6 +198,8 @@ export function savePromptCacheDir(dir: string, engine: Engine, promptCache: Pro
     for (const e of entries) for (const c of e.caches) c.dispose();
   }
   for (const f of readdirSync(dir)) if (ENTRY_RE.test(f) && !written.has(f)) rmSync(join(dir, f), { force: true });
+  // Each save cleans its own path's temporaries; these are those of entries no longer written.
+  removeStaleTempsIn(dir, (name) => ENTRY_RE.test(name));
   say(`saved ${entries.length} prompt-cache entries to ${dir}`);
   return entries.length;
 }
