@@ -16,7 +16,8 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { asyncEval, evaluate, MlxArray, Stream, withStream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { Engine, Scheduler, Sequence } from "@mlx-bun/runtime";
+import { Engine, Scheduler, type Sequence } from "@mlx-bun/runtime";
+import { decodeSteps, type StepPhases } from "./decode-steps.ts";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const arg = (f: string, d: string) => {
@@ -37,28 +38,7 @@ const prompt = template!.apply(
   { addGenerationPrompt: true },
 );
 
-function prefilled(): { caches: ReturnType<Engine["makeCaches"]>; seq: Sequence; tok: MlxArray } {
-  const caches = engine.makeCaches();
-  const seq = new Sequence({ promptIds: prompt, maxTokens: N + 2 }, tokenizer);
-  using x = MlxArray.fromNumbers(prompt, [1, prompt.length], "int32");
-  using logits = engine.forward(x, caches);
-  using row = mx.index(logits, ":", -1, ":");
-  const p = seq.pick(row);
-  p.logprobs.dispose();
-  evaluate(p.token);
-  return { caches, seq, tok: p.token };
-}
-function step(seq: Sequence, tok: MlxArray, caches: ReturnType<Engine["makeCaches"]>) {
-  using x = mx.expand_dims(tok, 0);
-  using logits = engine.forward(x, caches);
-  using row = mx.index(logits, ":", -1, ":");
-  return seq.pick(row);
-}
-const done = (s: ReturnType<typeof prefilled>) => {
-  s.tok.dispose();
-  for (const c of s.caches) c.dispose();
-  s.seq.dispose();
-};
+const { prefilled, step, done, unpipelined: unpipelinedSteps } = decodeSteps(engine, prompt, N + 2);
 
 interface PipelineOptions {
   /** Read step n's token (after step n+1 was scheduled). */
@@ -68,7 +48,7 @@ interface PipelineOptions {
   /** Awaited before each step (e.g. a turn of the event loop, as Engine yields). */
   beforeStep?: () => Promise<unknown>;
   /** When given, accumulates ms spent building, in the asyncEval call and in read(). */
-  phases?: { build: number; asyncEval: number; wait: number };
+  phases?: StepPhases;
 }
 
 /** The pipelined loop (as mlx-lm's generate_step): schedule step n+1, then read token n. Returns ms per token. */
@@ -76,12 +56,12 @@ async function pipelined(o: PipelineOptions): Promise<number> {
   const s = prefilled();
   const within = o.within ?? ((f) => f());
   const t0 = performance.now();
-  let cur = within(() => step(s.seq, s.tok, s.caches));
+  let cur = within(() => step(s));
   asyncEval(cur.token, cur.logprobs);
   for (let i = 0; i < N; i++) {
     if (o.beforeStep) await o.beforeStep();
     const a = performance.now();
-    const next = within(() => step(s.seq, cur.token, s.caches));
+    const next = within(() => step(s, cur.token));
     const b = performance.now();
     asyncEval(next.token, next.logprobs);
     const c = performance.now();
@@ -115,7 +95,7 @@ const variants: Record<string, () => Promise<number>> = {
     const s = prefilled();
     const t0 = performance.now();
     for (let i = 0; i < N; i++) {
-      const p = step(s.seq, s.tok, s.caches);
+      const p = step(s);
       evaluate(p.token, p.logprobs);
       s.tok.dispose();
       p.logprobs.dispose();
@@ -129,7 +109,7 @@ const variants: Record<string, () => Promise<number>> = {
     const s = prefilled();
     const t0 = performance.now();
     for (let i = 0; i < N; i++) {
-      const p = step(s.seq, s.tok, s.caches);
+      const p = step(s);
       evaluate(p.token, p.logprobs);
       p.token.item();
       s.tok.dispose();
@@ -168,23 +148,10 @@ for (const k of Object.keys(variants)) await variants[k]!(); // warm-up
 // a GPU, MLX encodes the kernels in the calling thread) and the wait for the token.
 const phases = { build: 0, asyncEval: 0, wait: 0 };
 await pipelined({ read: (p) => void p.token.item(), phases });
-const unpipelined = { build: 0, asyncEval: 0, wait: 0 };
+let unpipelined: StepPhases;
 {
   const s = prefilled();
-  for (let i = 0; i < N; i++) {
-    const a = performance.now();
-    const p = step(s.seq, s.tok, s.caches);
-    const b = performance.now();
-    asyncEval(p.token, p.logprobs);
-    const c = performance.now();
-    p.token.item();
-    unpipelined.build += b - a;
-    unpipelined.asyncEval += c - b;
-    unpipelined.wait += performance.now() - c;
-    s.tok.dispose();
-    p.logprobs.dispose();
-    s.tok = p.token;
-  }
+  unpipelined = unpipelinedSteps(s, N);
   done(s);
 }
 for (let r = 0; r < REPS; r++) {
@@ -195,10 +162,10 @@ for (let r = 0; r < REPS; r++) {
 process.stderr.write("\n");
 const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
 console.log(`decode profile: ${model.split("/").at(-1)}, ${prompt.length}-token prompt, ${N} tokens, ${REPS} reps (ms per token, min / median)`);
-const perPhase = (p: typeof phases) =>
-  `build ${(p.build / N).toFixed(2)}, asyncEval call ${(p.asyncEval / N).toFixed(2)}, wait in item() ${(p.wait / N).toFixed(2)}`;
-console.log(`(a) per phase, ms per token: ${perPhase(unpipelined)}`);
-console.log(`(c) per phase, ms per token: ${perPhase(phases)}`);
+const perPhase = (p: StepPhases, per: number) =>
+  `build ${(p.build / per).toFixed(2)}, asyncEval call ${(p.asyncEval / per).toFixed(2)}, wait in item() ${(p.wait / per).toFixed(2)}`;
+console.log(`(a) per phase, ms per token: ${perPhase(unpipelined, 1)}`);
+console.log(`(c) per phase, ms per token: ${perPhase(phases, N)}`);
 for (const [k, xs] of Object.entries(res))
   console.log(
     `${k.padEnd(42)} ${Math.min(...xs)

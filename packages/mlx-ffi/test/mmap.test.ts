@@ -14,36 +14,11 @@ import {
   saveMappableSafetensors,
 } from "../src/index.ts";
 import { runPython } from "../../../tools/oracle/oracle.ts";
+import { sample } from "./samples.ts";
 import { exactDiff } from "../../../tools/oracle/compare.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "mlxb-mmap-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
-
-function sample(dt: (typeof DTYPES)[number], n: number): MlxArray {
-  if (dt === "bool")
-    return MlxArray.fromNumbers(
-      Array.from({ length: n }, (_, i) => i % 3 === 0),
-      [n],
-      dt,
-    );
-  if (dt === "complex64")
-    return MlxArray.fromNumbers(
-      Array.from({ length: 2 * n }, (_, i) => i * 0.25 - 3),
-      [n],
-      dt,
-    );
-  if (dt === "int64" || dt === "uint64")
-    return MlxArray.fromNumbers(
-      Array.from({ length: n }, (_, i) => BigInt(i * 7919)),
-      [n],
-      dt,
-    );
-  return MlxArray.fromNumbers(
-    Array.from({ length: n }, (_, i) => i % 100),
-    [n],
-    dt,
-  );
-}
 
 test("a mappable file round-trips every dtype in place, aligned, readable by MLX and Python", () => {
   const active = memory.active();

@@ -123,17 +123,19 @@ export interface MatrixOptions {
   dtype?: Dtype;
   stream?: Stream;
 }
-/** mx.eye: ones on the k-th diagonal of an n x m matrix (default float32). */
-export function eye(n: number, opts: MatrixOptions = {}): MlxArray {
+/** The checked (n, m, k, dtype) of mx.eye / mx.tri. */
+function matrixArgs(op: string, n: number, opts: MatrixOptions): [number, number, number, Dtype] {
   const m = opts.m ?? n;
   const k = opts.k ?? 0;
-  for (const [name, v] of [
-    ["n", n],
-    ["m", m],
-    ["k", k],
-  ] as const)
-    intArg("eye", name, v);
-  const dtype = opts.dtype ?? "float32";
+  intArg(op, "n", n);
+  intArg(op, "m", m);
+  intArg(op, "k", k);
+  return [n, m, k, opts.dtype ?? "float32"];
+}
+
+/** mx.eye: ones on the k-th diagonal of an n x m matrix (default float32). */
+export function eye(n: number, opts: MatrixOptions = {}): MlxArray {
+  const [, m, k, dtype] = matrixArgs("eye", n, opts);
   return result("eye", lib().mlxb_eye(n, m, k, dtypeCode(dtype), sh(opts.stream)), [n, m, k, dtype]);
 }
 
@@ -144,15 +146,7 @@ export function identity(n: number, dtype: Dtype = "float32", s?: Stream): MlxAr
 
 /** mx.tri: ones at and below the k-th diagonal of an n x m matrix (default float32). */
 export function tri(n: number, opts: MatrixOptions = {}): MlxArray {
-  const m = opts.m ?? n;
-  const k = opts.k ?? 0;
-  for (const [name, v] of [
-    ["n", n],
-    ["m", m],
-    ["k", k],
-  ] as const)
-    intArg("tri", name, v);
-  const dtype = opts.dtype ?? "float32";
+  const [, m, k, dtype] = matrixArgs("tri", n, opts);
   return result("tri", lib().mlxb_tri(n, m, k, dtypeCode(dtype), sh(opts.stream)), [n, m, k, dtype]);
 }
 

@@ -13,9 +13,10 @@
 import { dlopen, FFIType } from "bun:ffi";
 import { existsSync, readFileSync } from "node:fs";
 import { resolve } from "node:path";
-import { asyncEval, evaluate, MlxArray, synchronize } from "@mlx-bun/mlx-ffi";
+import { evaluate, MlxArray, synchronize } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { Engine, Sequence } from "@mlx-bun/runtime";
+import { Engine } from "@mlx-bun/runtime";
+import { decodeSteps } from "../decode-steps.ts";
 
 const arg = (f: string, d: string) => {
   const i = process.argv.indexOf(`--${f}`);
@@ -43,48 +44,8 @@ const PATHS = { exact: "off", fast: "on" } as const;
 type PathName = keyof typeof PATHS;
 const use = (p: PathName) => mx.kernels.set_fast_qmv(PATHS[p]);
 
-function prefilled() {
-  const caches = engine.makeCaches();
-  const seq = new Sequence({ promptIds: prompt, maxTokens: 100000 }, tokenizer);
-  using x = MlxArray.fromNumbers(prompt, [1, prompt.length], "int32");
-  using logits = engine.forward(x, caches);
-  using row = mx.index(logits, ":", -1, ":");
-  const p = seq.pick(row);
-  p.logprobs.dispose();
-  evaluate(p.token);
-  return { caches, seq, tok: p.token };
-}
-type State = ReturnType<typeof prefilled>;
-function step(s: State) {
-  using x = mx.expand_dims(s.tok, 0);
-  using logits = engine.forward(x, s.caches);
-  using row = mx.index(logits, ":", -1, ":");
-  return s.seq.pick(row);
-}
-function done(s: State) {
-  s.tok.dispose();
-  for (const c of s.caches) c.dispose();
-  s.seq.dispose();
-}
-/** n unpipelined steps; ms per token spent building, in the asyncEval call, and waiting in item(). */
-function unpipelined(s: State, n: number) {
-  const ph = { build: 0, asyncEval: 0, wait: 0 };
-  for (let i = 0; i < n; i++) {
-    const a = performance.now();
-    const p = step(s);
-    const b = performance.now();
-    asyncEval(p.token, p.logprobs);
-    const c = performance.now();
-    p.token.item();
-    ph.build += b - a;
-    ph.asyncEval += c - b;
-    ph.wait += performance.now() - c;
-    s.tok.dispose();
-    p.logprobs.dispose();
-    s.tok = p.token;
-  }
-  return { build: ph.build / n, asyncEval: ph.asyncEval / n, wait: ph.wait / n, total: (ph.build + ph.asyncEval + ph.wait) / n };
-}
+const { prefilled, step, done, unpipelined } = decodeSteps(engine, prompt, 100000);
+
 async function generateMs(n: number): Promise<number> {
   const st = engine.generate({ promptIds: prompt, maxTokens: n + 1 });
   let ts = 0;
