@@ -90,36 +90,26 @@ async function generateMs(e: Engine): Promise<number> {
   return (performance.now() - t0) / N;
 }
 
+/** N unpipelined steps, each evaluated (and its token read with item() when `read`); ms per token. */
+function unpipelinedMs(read: boolean): number {
+  const s = prefilled();
+  const t0 = performance.now();
+  for (let i = 0; i < N; i++) {
+    const p = step(s);
+    evaluate(p.token, p.logprobs);
+    if (read) p.token.item();
+    s.tok.dispose();
+    p.logprobs.dispose();
+    s.tok = p.token;
+  }
+  const t = performance.now() - t0;
+  done(s);
+  return t / N;
+}
+
 const variants: Record<string, () => Promise<number>> = {
-  "a. unpipelined build + eval": async () => {
-    const s = prefilled();
-    const t0 = performance.now();
-    for (let i = 0; i < N; i++) {
-      const p = step(s);
-      evaluate(p.token, p.logprobs);
-      s.tok.dispose();
-      p.logprobs.dispose();
-      s.tok = p.token;
-    }
-    const t = performance.now() - t0;
-    done(s);
-    return t / N;
-  },
-  "b. (a) + item()": async () => {
-    const s = prefilled();
-    const t0 = performance.now();
-    for (let i = 0; i < N; i++) {
-      const p = step(s);
-      evaluate(p.token, p.logprobs);
-      p.token.item();
-      s.tok.dispose();
-      p.logprobs.dispose();
-      s.tok = p.token;
-    }
-    const t = performance.now() - t0;
-    done(s);
-    return t / N;
-  },
+  "a. unpipelined build + eval": async () => unpipelinedMs(false),
+  "b. (a) + item()": async () => unpipelinedMs(true),
   "c. pipelined, bare": () => pipelined({ read: (p) => void p.token.item() }),
   "c3. (c) on a stream of its own (mlx-lm's generation_stream)": () => {
     using gen = Stream.create();
