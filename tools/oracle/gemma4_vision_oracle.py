@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""mlx-vlm 0.7.10 as the reference for Gemma 4 images (issue 18).
+
+    gemma4_vision_oracle.py pixels  CKPT OUT.safetensors IMAGE...
+        mlx-vlm's image processor (processing_gemma4.Gemma4ImageProcessor as loaded from CKPT's
+        processor_config.json, images opened by mlx_vlm.utils.load_image): pixel_values per image
+        ("pixels.<i>", float32 [3, H, W]) and soft-token counts (metadata "soft_tokens").
+    gemma4_vision_oracle.py run     CKPT OUT.safetensors REQUEST.json
+        REQUEST: {"messages": [...chat messages, image parts {"type": "image"}...],
+                  "images": [paths], "steps": N}
+        The prompt as mlx-vlm builds it (processor.apply_chat_template + processor(...)):
+        "input_ids" [1, L]; the soft tokens (model.encode_image, "features"); the prefill logits of
+        the last position ("prefill_logits", [vocab]) with mm_token_type_ids as the processor gives
+        them; then N greedy decode steps through the language model's cache ("tokens",
+        "step_logits" [N, vocab]).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+
+
+def load(ckpt):
+    from mlx_vlm.utils import load as vlm_load
+
+    return vlm_load(ckpt)
+
+
+def pixels(ckpt, out, images):
+    import mlx.core as mx
+    import numpy as np
+    from mlx_vlm.utils import load_image
+    from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4Processor
+
+    proc = Gemma4Processor.from_pretrained(ckpt)
+    arrays, counts = {}, []
+    for i, path in enumerate(images):
+        data, n = proc.image_processor([load_image(path)])
+        pv = data["pixel_values"]
+        pv = pv[0] if isinstance(pv, list) else pv[0]
+        arrays[f"pixels.{i}"] = mx.array(np.asarray(pv, dtype=np.float32))
+        counts.append(int(n[0]))
+    mx.save_safetensors(out, arrays, metadata={"soft_tokens": json.dumps(counts)})
+
+
+def run(ckpt, out, request_path):
+    import mlx.core as mx
+    from mlx_vlm.utils import load_image
+
+    req = json.loads(open(request_path).read())
+    model, processor = load(ckpt)
+    prompt = processor.apply_chat_template(req["messages"], add_generation_prompt=True)
+    images = [load_image(p) for p in req.get("images", [])]
+    inputs = processor(images=images or None, text=prompt, return_tensors="mlx")
+    ids = inputs["input_ids"]
+    pv = inputs.get("pixel_values")
+    kwargs = {}
+    if "mm_token_type_ids" in inputs:
+        kwargs["mm_token_type_ids"] = inputs["mm_token_type_ids"]
+    result = {"input_ids": ids.astype(mx.int32)}
+    if pv is not None:
+        result["features"] = model.encode_image(pv if not isinstance(pv, list) else pv)
+    cache = model.make_cache()
+    logits = model(ids, pixel_values=pv, cache=cache, **kwargs)
+    logits = getattr(logits, "logits", logits)
+    result["prefill_logits"] = logits[0, -1]
+    toks, steps = [], []
+    y = mx.argmax(logits[0, -1])
+    for _ in range(int(req.get("steps", 0))):
+        toks.append(int(y.item()))
+        out_l = model.language_model(mx.array([[toks[-1]]]), cache=cache)
+        lg = getattr(out_l, "logits", out_l)[0, -1]
+        steps.append(lg)
+        y = mx.argmax(lg)
+    result["tokens"] = mx.array(toks, dtype=mx.int32)
+    if steps:
+        result["step_logits"] = mx.stack(steps)
+    mx.eval(result)
+    mx.save_safetensors(out, result, metadata={"prompt": prompt})
+
+
+def main():
+    cmd = sys.argv[1]
+    if cmd == "pixels":
+        pixels(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif cmd == "run":
+        run(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        raise SystemExit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()
