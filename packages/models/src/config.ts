@@ -1,7 +1,9 @@
-// Gemma 4 config.json: the multimodal wrapper ({"model_type": "gemma4", "text_config": {...}}) and
-// the text-only form ({"model_type": "gemma4_text", ...}) parsed into one typed, fully-defaulted
-// Gemma4TextConfig with exactly the fields and defaults of mlx-lm's gemma4_text.ModelArgs
-// (mlx_lm/models/gemma4_text.py:16-70, gemma4.py:13-28), plus the "quantization" block.
+// Gemma 4 config.json: the multimodal wrapper ({"model_type": "gemma4", "text_config": {...}}),
+// the 12B's unified wrapper ({"model_type": "gemma4_unified", ...}) and the text-only form
+// ({"model_type": "gemma4_text", ...}) parsed into one typed, fully-defaulted Gemma4TextConfig with
+// exactly the fields and defaults of mlx-lm's gemma4_text.ModelArgs (mlx_lm/models/gemma4_text.py:16-70,
+// gemma4.py:13-28) — for gemma4_unified, which mlx-lm lacks, mlx-vlm 0.7.10's defaults
+// (mlx_vlm/models/gemma4_unified/config.py TextConfig) — plus the "quantization" block.
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ConfigError } from "./errors.ts";
@@ -116,9 +118,10 @@ export interface QuantizationConfig extends QuantParams {
 
 /** A parsed Gemma 4 config.json. */
 export interface Gemma4Config {
-  /** "wrapper": {"model_type": "gemma4", "text_config": ...}; "text": {"model_type": "gemma4_text", ...}. */
+  /** "wrapper": {"model_type": "gemma4" | "gemma4_unified", "text_config": ...}; "text": {"model_type": "gemma4_text", ...}. */
   form: "wrapper" | "text";
-  modelType: "gemma4" | "gemma4_text";
+  /** gemma4_unified: the 12B (encoder-free multimodal); mlx-vlm's naming and defaults apply. */
+  modelType: "gemma4" | "gemma4_unified" | "gemma4_text";
   text: Gemma4TextConfig;
   /** Module-path prefix of the language model in mlx-lm's tree: "language_model." (wrapper) or "". */
   prefix: string;
@@ -261,40 +264,92 @@ function parseLayerTypes(r: Reader, n: number, pattern: number): LayerType[] {
   return v as LayerType[];
 }
 
+/** The text-config defaults that differ between mlx-lm's gemma4_text.ModelArgs and mlx-vlm's gemma4_unified TextConfig. */
+interface TextDefaults {
+  hiddenSize: number;
+  numHiddenLayers: number;
+  intermediateSize: number;
+  numAttentionHeads: number;
+  numKeyValueHeads: number;
+  numGlobalKeyValueHeads: number | null;
+  numKvSharedLayers: number;
+  hiddenSizePerLayerInput: number;
+  slidingWindow: number;
+  slidingWindowPattern: number;
+  attentionKEqV: boolean;
+  useDoubleWideMlp: boolean;
+}
+
+/** mlx-lm 0.32.2 gemma4_text.ModelArgs (:16-70). */
+const LM_TEXT_DEFAULTS: TextDefaults = {
+  hiddenSize: 1536,
+  numHiddenLayers: 35,
+  intermediateSize: 6144,
+  numAttentionHeads: 8,
+  numKeyValueHeads: 1,
+  numGlobalKeyValueHeads: null,
+  numKvSharedLayers: 20,
+  hiddenSizePerLayerInput: 256,
+  slidingWindow: 512,
+  slidingWindowPattern: 5,
+  attentionKEqV: false,
+  useDoubleWideMlp: true,
+};
+
+/** mlx-vlm 0.7.10 gemma4_unified TextConfig (config.py:38-59); other fields inherit gemma4's, equal to mlx-lm's. */
+const UNIFIED_TEXT_DEFAULTS: TextDefaults = {
+  hiddenSize: 3840,
+  numHiddenLayers: 48,
+  intermediateSize: 15360,
+  numAttentionHeads: 16,
+  numKeyValueHeads: 8,
+  numGlobalKeyValueHeads: 1,
+  numKvSharedLayers: 0,
+  hiddenSizePerLayerInput: 0,
+  slidingWindow: 1024,
+  slidingWindowPattern: 6,
+  attentionKEqV: true,
+  useDoubleWideMlp: false,
+};
+
 /** Parse the text model's fields (text_config of the wrapper, or the text-only config itself). */
-function parseTextConfig(r: Reader, overrides: Partial<Record<string, unknown>> = {}): { cfg: Gemma4TextConfig; warnings: string[] } {
+function parseTextConfig(
+  r: Reader,
+  overrides: Partial<Record<string, unknown>> = {},
+  D: TextDefaults = LM_TEXT_DEFAULTS,
+): { cfg: Gemma4TextConfig; warnings: string[] } {
   const warnings: string[] = [];
-  const numHiddenLayers = r.int("num_hidden_layers", 35, {});
-  const slidingWindowPattern = r.int("sliding_window_pattern", 5, {});
-  const hiddenSizePerLayerInput = r.int("hidden_size_per_layer_input", 256, { min: 0, nullable: true }) ?? 0;
+  const numHiddenLayers = r.int("num_hidden_layers", D.numHiddenLayers, {});
+  const slidingWindowPattern = r.int("sliding_window_pattern", D.slidingWindowPattern, {});
+  const hiddenSizePerLayerInput = r.int("hidden_size_per_layer_input", D.hiddenSizePerLayerInput, { min: 0, nullable: true }) ?? 0;
   let globalHeadDim = r.int("global_head_dim", 512, { min: 0, nullable: true });
   if (globalHeadDim === 0) globalHeadDim = null;
   const cfg: Gemma4TextConfig = {
     modelType: typeof r.obj.model_type === "string" ? r.obj.model_type : "gemma4_text",
-    hiddenSize: r.int("hidden_size", 1536, {}),
+    hiddenSize: r.int("hidden_size", D.hiddenSize, {}),
     numHiddenLayers,
-    intermediateSize: r.int("intermediate_size", 6144, {}),
-    numAttentionHeads: r.int("num_attention_heads", 8, {}),
+    intermediateSize: r.int("intermediate_size", D.intermediateSize, {}),
+    numAttentionHeads: r.int("num_attention_heads", D.numAttentionHeads, {}),
     headDim: r.int("head_dim", 256, {}),
     globalHeadDim,
     globalPartialRotaryFactor: r.num("global_partial_rotary_factor", 0.25, { positive: true, max: 1 }),
     rmsNormEps: r.num("rms_norm_eps", 1e-6, { positive: true }),
     vocabSize: (overrides.vocab_size as number | undefined) ?? r.int("vocab_size", 262144, {}),
     vocabSizePerLayerInput: r.int("vocab_size_per_layer_input", 262144, { nullable: true }),
-    numKeyValueHeads: r.int("num_key_value_heads", 1, {}),
-    numGlobalKeyValueHeads: r.int("num_global_key_value_heads", null, { nullable: true }),
-    numKvSharedLayers: r.int("num_kv_shared_layers", 20, { min: 0 }),
+    numKeyValueHeads: r.int("num_key_value_heads", D.numKeyValueHeads, {}),
+    numGlobalKeyValueHeads: r.int("num_global_key_value_heads", D.numGlobalKeyValueHeads, { nullable: true }),
+    numKvSharedLayers: r.int("num_kv_shared_layers", D.numKvSharedLayers, { min: 0 }),
     padTokenId: r.int("pad_token_id", 0, { min: 0 }),
     hiddenSizePerLayerInput,
     ropeTraditional: r.bool("rope_traditional", false),
     partialRotaryFactor: r.num("partial_rotary_factor", 1, { positive: true, max: 1 }),
     ropeParameters: parseRope(r, "rope_parameters"),
-    slidingWindow: r.int("sliding_window", 512, {}),
+    slidingWindow: r.int("sliding_window", D.slidingWindow, {}),
     slidingWindowPattern,
     maxPositionEmbeddings: r.int("max_position_embeddings", 131072, {}),
-    attentionKEqV: r.bool("attention_k_eq_v", false),
+    attentionKEqV: r.bool("attention_k_eq_v", D.attentionKEqV),
     finalLogitSoftcapping: r.nullableNum("final_logit_softcapping", 30),
-    useDoubleWideMlp: r.bool("use_double_wide_mlp", true),
+    useDoubleWideMlp: r.bool("use_double_wide_mlp", D.useDoubleWideMlp),
     enableMoeBlock: r.bool("enable_moe_block", false),
     numExperts: r.int("num_experts", null, { nullable: true }),
     topKExperts: r.int("top_k_experts", null, { nullable: true }),
@@ -340,7 +395,8 @@ function parseTextConfig(r: Reader, overrides: Partial<Record<string, unknown>> 
       }
     }
   }
-  if (r.given("use_bidirectional_attention")) {
+  // "vision" makes mlx-vlm attend bidirectionally within an image's tokens only; text prompts are causal there too.
+  if (r.given("use_bidirectional_attention") && r.obj.use_bidirectional_attention !== "vision") {
     warnings.push(`${r.file}: ${r.path}use_bidirectional_attention=${fmt(r.obj.use_bidirectional_attention)} is ignored by mlx-lm (causal attention)`);
   }
   if (cfg.layerTypes[cfg.layerTypes.length - 1] !== "full_attention") {
@@ -433,11 +489,27 @@ export function parseGemma4Config(json: unknown, file = "config.json"): Gemma4Co
     if (isObject(tcRaw) && typeof tcRaw.vocab_size === "number" && tcRaw.vocab_size !== vocab) {
       warnings.push(`${file}: text_config.vocab_size (${tcRaw.vocab_size}) differs from vocab_size (${vocab}); mlx-lm uses vocab_size`);
     }
+  } else if (mt === "gemma4_unified") {
+    // The 12B. mlx-lm has no model for it; mlx-vlm's gemma4_unified.Model is the reference: its text
+    // model is gemma4's LanguageModel built from text_config (vocab_size included, the top-level one
+    // is not read), with gemma4_unified's TextConfig defaults, and it always ties the output head.
+    form = "wrapper";
+    const tcRaw = json.text_config ?? {};
+    if (!isObject(tcRaw)) r.fail("text_config", "must be an object", tcRaw);
+    ({ cfg: text, warnings } = parseTextConfig(r.sub("text_config", tcRaw), {}, UNIFIED_TEXT_DEFAULTS));
+    if (!text.tieWordEmbeddings) {
+      warnings.push(
+        `${file}: text_config.tie_word_embeddings is false, but mlx-vlm's gemma4_unified always ties the output head to embed_tokens (lm_head.weight is dropped); so does this loader`,
+      );
+      text.tieWordEmbeddings = true;
+    }
   } else if (mt === "gemma4_text") {
     form = "text";
     ({ cfg: text, warnings } = parseTextConfig(r));
   } else {
-    throw new ConfigError(`${file}: model_type ${fmt(mt)} is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper or "gemma4_text")`);
+    throw new ConfigError(
+      `${file}: model_type ${fmt(mt)} is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper, "gemma4_unified" for the 12B or "gemma4_text")`,
+    );
   }
 
   // mlx-lm's load_model reads "quantization", else a "quantization_config" (top level, then text_config's).

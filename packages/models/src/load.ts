@@ -6,7 +6,7 @@ import { ChatTemplate, NoChatTemplateError } from "./chat-template.ts";
 import { type Gemma4Config, loadGemma4Config } from "./config.ts";
 import { Gemma4Model } from "./model/gemma4.ts";
 import { Gemma4Tokenizer } from "./tokenizer.ts";
-import { loadWeights, type LoadedWeights } from "./weights.ts";
+import { type LoadedWeights, loadWeights, MULTIMODAL_DROP_REASON } from "./weights.ts";
 
 /** Everything generation needs from one checkpoint. Dispose it to free the weights. */
 export interface LoadedModel extends Disposable {
@@ -47,10 +47,19 @@ export function loadTextSide(dir: string): { config: Gemma4Config; tokenizer: Ge
   return { config, tokenizer, template, warnings: [...tokenizer.warnings] };
 }
 
-/** Load a checkpoint from a local directory (weights stay lazy until first use). */
+/**
+ * Load a checkpoint from a local directory (weights stay lazy until first use). Only the text side
+ * loads: the vision and audio towers of a multimodal checkpoint (gemma4, gemma4_unified) are
+ * skipped by name, and a warning says how many tensors that was.
+ */
 export function loadModel(dir: string): LoadedModel {
   const { config, tokenizer, template, warnings } = loadTextSide(dir);
   const weights = loadWeights(dir, config);
+  const towers = weights.plan.dropped.filter((d) => d.reason === MULTIMODAL_DROP_REASON);
+  if (towers.length) {
+    const kinds = [...new Set(towers.map((d) => d.name.replace(/^model\./, "").split(".")[0]!))].sort();
+    warnings.push(`text only: ${towers.length} vision/audio tensors (${kinds.join(", ")}) are not loaded; image and audio input are not supported yet`);
+  }
   let model: Gemma4Model;
   try {
     model = new Gemma4Model(config, weights.tensors);

@@ -1,7 +1,9 @@
 // Weights of a Gemma 4 checkpoint: find the safetensors files (single or sharded by
 // model.safetensors.index.json), map checkpoint names to mlx-lm's module names exactly as
-// mlx-lm's sanitize does (gemma4.py:54-81, gemma4_text.py:612-654), and list the tensors a config
-// needs (name, shape, dtype) so a loader reports missing / unexpected / mis-shaped tensors by name.
+// mlx-lm's sanitize does (gemma4.py:54-81, gemma4_text.py:612-654; for gemma4_unified, which
+// mlx-lm lacks, as mlx-vlm's gemma4_unified.Model.sanitize + LanguageModel.sanitize do), and list
+// the tensors a config needs (name, shape, dtype) so a loader reports missing / unexpected /
+// mis-shaped tensors by name. Vision and audio tensors are dropped by name: only the text side loads.
 import { existsSync, readdirSync } from "node:fs";
 import { basename, join } from "node:path";
 import { type Dtype, isFloating, loadSafetensors, type MlxArray, readSafetensorsHeader, type SafetensorsHeader, type TensorInfo } from "@mlx-bun/mlx-ffi";
@@ -132,6 +134,8 @@ export interface SanitizePlan {
 }
 
 const MULTIMODAL_PREFIXES = ["vision_tower", "multi_modal_projector", "audio_tower", "embed_audio", "embed_vision", "vision_embedder"];
+/** Reason given for a dropped vision/audio tensor (load.ts counts these for its "text only" note). */
+export const MULTIMODAL_DROP_REASON = "multimodal tower (not part of the text model)";
 const TEXT_DROP = ["self_attn.rotary_emb", "input_max", "input_min", "output_max", "output_min"];
 const KV_PROJ = [".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.k_norm"];
 
@@ -149,18 +153,27 @@ export function planSanitize(names: Iterable<string>, config: Gemma4Config): San
   const dropped: SanitizePlan["dropped"] = [];
   // Stage 1: gemma4.Model.sanitize (wrapper only).
   let stage: [string, string][] = []; // [newName, source]
+  const unified = config.modelType === "gemma4_unified";
   for (const name of names) {
     if (config.form !== "wrapper") {
       stage.push([name, name]);
       continue;
     }
+    if (unified && name === "lm_head.weight") {
+      // gemma4_unified.py sanitize: the head is always tied to embed_tokens.
+      dropped.push({ name, reason: "output head (gemma4_unified ties it to embed_tokens)" });
+      continue;
+    }
     const startsWithModel = name.startsWith("model.");
     let k = startsWithModel ? name.slice("model.".length) : name;
     if (MULTIMODAL_PREFIXES.some((p) => k.startsWith(p))) {
-      dropped.push({ name, reason: "multimodal tower (not part of the text model)" });
+      dropped.push({ name, reason: MULTIMODAL_DROP_REASON });
       continue;
     }
-    if (startsWithModel && k.startsWith("language_model")) k = k.replaceAll("language_model.", "language_model.model.");
+    if (unified) {
+      // mlx-vlm: "language_model.X" -> "language_model.model.X" unless it already is, with or without "model.".
+      if (k.startsWith("language_model.") && !k.startsWith("language_model.model.")) k = `language_model.model.${k.slice("language_model.".length)}`;
+    } else if (startsWithModel && k.startsWith("language_model")) k = k.replaceAll("language_model.", "language_model.model.");
     stage.push([k, name]);
   }
   // Dict semantics: a later key overwrites an earlier one but keeps the earlier position.

@@ -237,9 +237,13 @@ describe("bad fields name the field and the file", () => {
     [
       "unknown model_type",
       { model_type: "llama" },
-      'config.json: model_type "llama" is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper or "gemma4_text")',
+      'config.json: model_type "llama" is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper, "gemma4_unified" for the 12B or "gemma4_text")',
     ],
-    ["no model_type", {}, 'config.json: model_type nothing is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper or "gemma4_text")'],
+    [
+      "no model_type",
+      {},
+      'config.json: model_type nothing is not a Gemma 4 model (expected "gemma4" for the multimodal wrapper, "gemma4_unified" for the 12B or "gemma4_text")',
+    ],
     ["not an object", [1], "config.json: must be a JSON object, got [1]"],
     [
       "quant bits",
