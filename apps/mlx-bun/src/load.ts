@@ -90,16 +90,22 @@ export async function applyAdapter(engine: Engine, dir: string): Promise<void> {
 }
 
 /**
- * The draft model of speculative decoding (--draft-model), loaded with the target's KV options,
- * or undefined without one. Vocabulary and cache checks happen here, at start-up.
+ * The drafter of speculative decoding (--draft-model), or undefined without one: a draft model
+ * (loaded with the target's KV options) or a Gemma 4 MTP drafter (config.json model_type
+ * gemma4_assistant, which reads the target's hidden state and K/V; docs/speculative.md).
+ * Vocabulary, shape and cache checks happen here, at start-up. --num-draft-tokens defaults to 3,
+ * an MTP drafter's to its block_size - 1.
  */
 export async function loadDraft(o: ModelOptions & DraftOptions, target: Engine, opts: { progress?: boolean } = {}): Promise<SpeculativeDecoder | undefined> {
   if (!o.draftModel) return undefined;
   const model = await resolveModel(o.draftModel, { progress: opts.progress ?? true });
   const { Engine, SpeculativeDecoder } = await import("@mlx-bun/runtime");
-  const draft = Engine.load(model.dir, { ...engineOptions(o), kv: target.kvMode, ...(target.quantizedKv ? { quantizedKv: target.quantizedKv } : {}) });
+  const { isAssistantDir, loadAssistant } = await import("@mlx-bun/models");
+  const draft = isAssistantDir(model.dir)
+    ? loadAssistant(model.dir)
+    : Engine.load(model.dir, { ...engineOptions(o), kv: target.kvMode, ...(target.quantizedKv ? { quantizedKv: target.quantizedKv } : {}) });
   try {
-    return new SpeculativeDecoder(target, draft, { numDraftTokens: o.numDraftTokens });
+    return new SpeculativeDecoder(target, draft, o.numDraftTokens === undefined ? {} : { numDraftTokens: o.numDraftTokens });
   } catch (e) {
     draft.dispose();
     throw e;

@@ -92,14 +92,15 @@ export interface ModelOptions {
 /** Speculative decoding (mlx_lm's --draft-model, --num-draft-tokens). */
 export interface DraftOptions {
   draftModel?: string;
-  numDraftTokens: number;
+  /** Unset: 3, or an MTP drafter's block_size - 1. */
+  numDraftTokens?: number;
 }
 
-/** --draft-model, --num-draft-tokens (default 3, as mlx_lm.generate and mlx_lm.server). */
+/** --draft-model, --num-draft-tokens (default 3, as mlx_lm.generate and mlx_lm.server; an MTP drafter's block_size - 1). */
 export function addDraftOptions(cmd: Command): Command {
   return cmd
-    .option("--draft-model <dir|repo>", "a smaller model sharing the tokenizer, for speculative decoding")
-    .option("--num-draft-tokens <n>", "tokens the draft model proposes per step (speculative decoding)", intArg("--num-draft-tokens", 1), 3);
+    .option("--draft-model <dir|repo>", "a smaller model sharing the tokenizer, or a Gemma 4 MTP drafter (gemma4_assistant), for speculative decoding")
+    .option("--num-draft-tokens <n>", "tokens the drafter proposes per step (default 3; an MTP drafter's block_size - 1)", intArg("--num-draft-tokens", 1));
 }
 
 export interface SamplingOptions {

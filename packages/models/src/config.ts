@@ -648,3 +648,72 @@ export function layerSpecs(c: Gemma4TextConfig): LayerSpec[] {
     };
   });
 }
+
+// ---------------------------------------------------------------------------------------------
+// Gemma 4 MTP drafters ("assistant" models): mlx-vlm's Gemma4AssistantConfig
+// (speculative/drafters/gemma4_assistant/config.py), the layout HF ships and mlx-vlm reads.
+// ---------------------------------------------------------------------------------------------
+
+/** A parsed gemma4_assistant config.json (top level plus its text_config). */
+export interface Gemma4AssistantConfig {
+  modelType: "gemma4_assistant";
+  /** The drafter's own layers (every one attends over the target's K/V; no K/V projections). */
+  text: Gemma4TextConfig;
+  /** backbone_hidden_size = 1536: the target's hidden size (the drafter reads its hidden state). */
+  backboneHiddenSize: number;
+  /** use_ordered_embeddings = false: the centroid-routed sparse LM head (E2B/E4B drafters). */
+  useOrderedEmbeddings: boolean;
+  /** num_centroids = 2048 */
+  numCentroids: number;
+  /** centroid_intermediate_top_k = 32 */
+  centroidTopK: number;
+  /** tie_word_embeddings = true (top level; text_config's is not read, as mlx-vlm). */
+  tieWordEmbeddings: boolean;
+  /** block_size = 4: drafted tokens + 1 per round; the default number of draft tokens is block_size - 1. */
+  blockSize: number;
+  quantization: QuantizationConfig | null;
+  source: string;
+  raw: Record<string, unknown>;
+}
+
+/** Whether a parsed config.json is a Gemma 4 MTP drafter (model_type "gemma4_assistant"). */
+export function isGemma4AssistantConfig(json: unknown): boolean {
+  return isObject(json) && json.model_type === "gemma4_assistant";
+}
+
+/**
+ * Parse a gemma4_assistant config.json. text_config is read like a Gemma 4 text config; its
+ * num_kv_shared_layers is not used (every drafter layer reads the target's K/V: mlx-vlm sets it to
+ * num_hidden_layers), so no layer gets the double-wide MLP of KV-shared layers.
+ */
+export function parseGemma4AssistantConfig(json: unknown, file = "config.json"): Gemma4AssistantConfig {
+  if (!isObject(json)) throw new ConfigError(`${file}: must be a JSON object, got ${fmt(json)}`);
+  const r: Reader = new Reader(file, json, "");
+  if (json.model_type !== "gemma4_assistant") r.fail("model_type", 'must be "gemma4_assistant" for a Gemma 4 MTP drafter', json.model_type);
+  const tcRaw = json.text_config;
+  if (!isObject(tcRaw)) r.fail("text_config", "must be an object (the drafter's layers)", tcRaw);
+  const { cfg: text } = parseTextConfig(r.sub("text_config", { ...tcRaw, num_kv_shared_layers: 0 }));
+  const useOrderedEmbeddings = r.bool("use_ordered_embeddings", false);
+  const numCentroids = r.int("num_centroids", 2048, {});
+  const centroidTopK = r.int("centroid_intermediate_top_k", 32, {});
+  if (useOrderedEmbeddings) {
+    if (text.vocabSize % numCentroids !== 0) r.fail("num_centroids", `must divide text_config.vocab_size (${text.vocabSize})`, numCentroids);
+    if (centroidTopK > numCentroids) r.fail("centroid_intermediate_top_k", `must be at most num_centroids (${numCentroids})`, centroidTopK);
+  }
+  let quantization: QuantizationConfig | null = null;
+  if (r.given("quantization")) quantization = parseQuantization(json.quantization, file, "quantization");
+  else if (r.given("quantization_config")) quantization = parseQuantization(json.quantization_config, file, "quantization_config");
+  return {
+    modelType: "gemma4_assistant",
+    text,
+    backboneHiddenSize: r.int("backbone_hidden_size", 1536, {}),
+    useOrderedEmbeddings,
+    numCentroids,
+    centroidTopK,
+    tieWordEmbeddings: r.bool("tie_word_embeddings", true),
+    blockSize: r.int("block_size", 4, { min: 2 }),
+    quantization,
+    source: file,
+    raw: json,
+  };
+}

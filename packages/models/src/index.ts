@@ -4,11 +4,15 @@
  * chat template.
  */
 export {
+  type Gemma4AssistantConfig,
   type Gemma4Config,
   type Gemma4TextConfig,
+  isGemma4AssistantConfig,
   type LayerSpec,
+  type LayerType,
   layerSpecs,
   loadGemma4Config,
+  parseGemma4AssistantConfig,
   parseGemma4Config,
   parseQuantization,
   readJson,
@@ -36,6 +40,7 @@ export {
 } from "./chat-template.ts";
 export { assertRegularFile } from "./files.ts";
 export { Gemma4Model } from "./model/gemma4.ts";
+export { type DrafterKv, Gemma4Assistant, isAssistantDir, type LoadedAssistant, loadAssistant } from "./model/assistant.ts";
 export { checkKvMode, type KvMode, codecFor, kvModeName, parseKvMode } from "./model/kv-mode.ts";
 export { embed, embedAsLinear, linear, moduleWeights, switchLinear, type ModuleWeights } from "./model/nn.ts";
 export { type LoadedModel, loadModel, loadTextSide } from "./load.ts";

@@ -1,5 +1,6 @@
 // What the scheduler and the speculative decoder need of an engine (an Engine implements it), so
 // they depend on this contract, not on the Engine that is built on them.
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import type { Cache } from "@mlx-bun/kv-cache";
 import type { KvMode, LoadedModel } from "@mlx-bun/models";
 import type { PrefillModel } from "./batch-prefill.ts";
@@ -21,6 +22,11 @@ export interface GenerationEngine extends RequestLimits, PrefillModel {
   /** Decode steps are encoded on a native worker (docs/background-eval.md). */
   readonly backgroundEval: boolean;
   makeCaches(): Cache[];
+  /**
+   * Logits and the last layer's hidden state before the final norm (Gemma4Model.forwardHidden),
+   * for MTP drafters. Absent where the forward runs elsewhere (tensor-parallel ranks).
+   */
+  forwardHidden?(ids: MlxArray, caches: Cache[]): { hidden: MlxArray; logits: MlxArray };
   /** Feed all but the last `keep` of `ids` into `caches` in prefillStep chunks; returns the ids not fed. */
   prefill(ids: readonly number[], caches: Cache[], keep?: number, onProgress?: PrefillProgress): number[];
   /** One request alone (queued FIFO behind others). */

@@ -102,6 +102,13 @@ export class Engine implements GenerationEngine, Disposable {
     return this.#model.forward(ids, caches);
   }
 
+  /** Logits and the pre-norm hidden state of a forward step (MTP drafters read it); the loaded model only. */
+  forwardHidden(ids: MlxArray, caches: Cache[]): { hidden: MlxArray; logits: MlxArray } {
+    if (this.#model !== this.loaded.model)
+      throw new MlxError("forwardHidden: this engine runs its steps through another model (tensor parallel); MTP drafters need the loaded model");
+    return this.loaded.model.forwardHidden(ids, caches);
+  }
+
   /**
    * Feed `ids` into `caches` in chunks of prefillStep, evaluating the caches after each chunk
    * (mlx-lm's prefill loop); all but the last `keep` tokens. Returns the ids not yet fed.

@@ -26,7 +26,10 @@ export {
   maskLogits,
   type StructuredFormat,
   StructuredOutputCompiler,
+  type ToolCallFormat,
+  toolCallProcessor,
 } from "./structured-output.ts";
+export { type GrammarMarks, gemma4ToolCallEbnf, ToolGrammarError, type ToolSpec } from "./tool-call-grammar.ts";
 export { canonicalJson, FORMAT_PATTERNS, type PreparedSchema, prepareJsonSchema, sanitizePattern, SchemaError } from "./json-schema-support.ts";
 export { Mutex, yieldToEventLoop } from "./async.ts";
 export {
@@ -47,7 +50,7 @@ export { type Pick, Sequence } from "./sequence.ts";
 export { DecodeRunner, Row, type RunnerOptions, type StepForward } from "./runner.ts";
 export { Scheduler, type SchedulerOptions, type SchedulerStats, type SubmitOptions } from "./scheduler.ts";
 export { type PrefillModel, prefillBatch, prefillChunk } from "./batch-prefill.ts";
-export { DEFAULT_NUM_DRAFT_TOKENS, SpeculativeDecoder, type SpeculativeOptions } from "./speculative.ts";
+export { DEFAULT_NUM_DRAFT_TOKENS, type Drafter, SpeculativeDecoder, type SpeculativeOptions } from "./speculative.ts";
 export { firstRejection, rejectionSample, type RejectionDraws, samplingLogProbs } from "./speculative-sampling.ts";
 export {
   KV_STORE_FORMAT,

@@ -152,7 +152,7 @@ export async function runGenerate(o: GenerateOptions): Promise<number> {
       sampling: {
         ...samplingFrom(o),
         ...(o.seed !== undefined
-          ? { seedSkip: mlxLmLoadDraws(engine.loaded, adapterLayers.get(engine)) + (spec ? mlxLmLoadDraws(spec.draft.loaded) : 0) }
+          ? { seedSkip: mlxLmLoadDraws(engine.loaded, adapterLayers.get(engine)) + (spec?.draftEngine ? mlxLmLoadDraws(spec.draftEngine.loaded) : 0) }
           : {}),
       },
       // mlx_lm prints the detokenizer's text, special tokens included.

@@ -10,6 +10,7 @@ import { WeightsError } from "../errors.ts";
 import {
   attentionOwn,
   attentionShared,
+  type EmbeddedInputs,
   embedInputs,
   feedForwardDense,
   feedForwardMoe,
@@ -25,8 +26,14 @@ import {
   type Shared,
 } from "./blocks.ts";
 import { codecFor, type KvMode } from "./kv-mode.ts";
-import { type ModuleWeights, moduleWeights } from "./nn.ts";
+import { embed, type ModuleWeights, moduleWeights } from "./nn.ts";
 import { Scope } from "./scope.ts";
+
+/** Extra inputs of a forward pass with media (src/vision builds them; the caller owns the arrays). */
+export interface ForwardInputs {
+  embedded?: EmbeddedInputs;
+  masks?: Map<LayerType, Mask>;
+}
 
 export class Gemma4Model implements Disposable {
   readonly specs: LayerSpec[];
@@ -158,19 +165,56 @@ export class Gemma4Model implements Disposable {
       );
   }
 
-  /** Logits [B, L, vocab] for token ids [B, L] (int32), appending to `caches` (or none). */
-  forward(ids: MlxArray, caches: Cache[] | null = null): MlxArray {
+  /**
+   * Logits [B, L, vocab] for token ids [B, L] (int32), appending to `caches` (or none). `inputs`
+   * (images, src/vision): the embeddings with soft tokens in place and masks per layer type that
+   * replace the default ones (mlx-vlm's bidirectional image overlay).
+   */
+  forward(ids: MlxArray, caches: Cache[] | null = null, inputs?: ForwardInputs): MlxArray {
+    using s = new Scope();
+    return finalLogits(this.parts, this.consts, this.#layers(ids, caches, s, inputs), s);
+  }
+
+  /**
+   * The last layer's output before the final norm [B, L, hidden] and the logits of `forward` (the
+   * same ops: logits = logitsFromHidden(hidden)). Speculative decoding with an MTP drafter reads
+   * the hidden state (mlx-vlm's skip_final_norm hidden). The caller owns both.
+   */
+  forwardHidden(ids: MlxArray, caches: Cache[] | null = null): { hidden: MlxArray; logits: MlxArray } {
+    using s = new Scope();
+    const h = this.#layers(ids, caches, s);
+    const logits = finalLogits(this.parts, this.consts, h, s);
+    return { hidden: h.retain(), logits };
+  }
+
+  /** The final norm of the model (mlx-vlm's speculative_draft_hidden: what an MTP drafter reads). */
+  finalNorm(hidden: MlxArray): MlxArray {
+    return mx.fast.rms_norm(hidden, this.parts.norm, this.consts.eps);
+  }
+
+  /** Embeddings × √hidden of token ids [B, L] (the input scaling of the first layer). */
+  embedScaled(ids: MlxArray): MlxArray {
+    using e = embed(this.parts.embed, ids);
+    return mx.multiply(e, this.consts.hiddenSize ** 0.5);
+  }
+
+  /** The layers of the forward pass; returns h before the final norm (tracked by `s`). */
+  #layers(ids: MlxArray, caches: Cache[] | null, s: Scope, inputs?: ForwardInputs): MlxArray {
     if (ids.ndim !== 2) throw new WeightsError(`Gemma4Model.forward: ids must be [B, L], got ${ids.describe()}`);
     if (caches && caches.length !== this.firstShared) {
       throw new WeightsError(`Gemma4Model.forward: ${caches.length} caches given, the model needs ${this.firstShared}`);
     }
     const c = this.consts;
     const [B, N] = ids.shape as [number, number];
-    using s = new Scope();
-    let { h, perLayer } = embedInputs(this.parts, c, ids, s);
+    let { h, perLayer } = embedInputs(this.parts, c, ids, s, inputs?.embedded);
     const masks = new Map<LayerType, Mask>();
     for (const spec of this.specs) {
       if (masks.has(spec.type)) continue;
+      const given = inputs?.masks?.get(spec.type);
+      if (given) {
+        masks.set(spec.type, given);
+        continue;
+      }
       masks.set(spec.type, layerMask(caches && spec.index < this.firstShared ? caches[spec.index]! : null, N, spec.window, s));
     }
     const shared: (Shared | undefined)[] = new Array(this.specs.length);
@@ -190,7 +234,7 @@ export class Gemma4Model implements Disposable {
     } finally {
       releaseShared(shared);
     }
-    return finalLogits(this.parts, c, h, s);
+    return h;
   }
 
   dispose(): void {
@@ -204,7 +248,7 @@ export class Gemma4Model implements Disposable {
 }
 
 /** ProportionalRoPE's frequencies (rope_utils.py:214-220), same ops. */
-function proportionalFreqs(dims: number, rotated: number, base: number, factor: number): MlxArray {
+export function proportionalFreqs(dims: number, rotated: number, base: number, factor: number): MlxArray {
   using ar = mx.arange(0, rotated, 2, { dtype: "float32" });
   using exps = mx.divide(ar, dims);
   using pw = mx.power(base, exps);

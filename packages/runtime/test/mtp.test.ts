@@ -1,0 +1,141 @@
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { memory } from "@mlx-bun/mlx-ffi";
+import { loadAssistant } from "@mlx-bun/models";
+import { runPython } from "../../../tools/oracle/oracle.ts";
+import { Engine, type GenerateRequest, Scheduler, SpeculativeDecoder } from "../src/index.ts";
+import { mlxLmGenerate, ROOT, tinyModels } from "./helpers.ts";
+
+// Gemma 4 MTP drafters (gemma4_assistant) made with mlx-vlm's own modules for tiny float32 targets:
+// a random drafter (rejections), one with the centroid head of the E2B/E4B drafters, and an "echo"
+// drafter whose drafts are the target's own predictions (random targets repeat, so rounds accept).
+const DRAFTER = join(ROOT, "tools", "make-tiny-model", "make_tiny_drafter.py");
+const ORACLE = join(ROOT, "tools", "oracle", "mtp_oracle.py");
+const BASE = ["--dtype", "float32", "--set", "head_dim=64"];
+
+let models: ReturnType<typeof tinyModels>;
+beforeAll(() => {
+  models = tinyModels({
+    small: ["--variant", "small", ...BASE],
+    moe: ["--variant", "moe", ...BASE],
+    other: ["--variant", "small", ...BASE, "--set", "hidden_size=48"],
+  });
+  const drafters: [string, string, string[]][] = [
+    ["small", "small-mtp", []],
+    ["small", "small-mtp-ordered", ["--ordered", "--seed", "1"]],
+    ["small", "small-mtp-echo", ["--echo"]],
+    ["small", "small-mtp-4bit", ["--quant", "4bit", "--seed", "2"]],
+    ["moe", "moe-mtp", ["--seed", "3"]],
+    ["moe", "moe-mtp-echo", ["--echo"]],
+  ];
+  const argvs = drafters.map(([t, d, extra]) => ["--target", models.path(t), "--out", models.path(d), ...extra]);
+  const driver = `import json, sys; sys.path.insert(0, ${JSON.stringify(join(ROOT, "tools", "make-tiny-model"))}); import make_tiny_drafter as m\nfor a in json.loads(sys.argv[1]): m.main(a)`;
+  runPython(["-c", driver, JSON.stringify(argvs)]);
+});
+afterAll(() => models.cleanup());
+
+const LONG = Array.from({ length: 40 }, (_, i) => 7 + ((i * 53) % 300));
+const SHORT = LONG.slice(0, 5);
+
+function oracle(
+  target: string,
+  drafter: string,
+  ids: number[],
+  maxTokens: number,
+  k: number,
+): { tokens: number[]; drafts: number[][]; accepted: number[]; plain: number[] } {
+  return JSON.parse(runPython([ORACLE, target, drafter, "--ids", ids.join(","), "--max-tokens", String(maxTokens), "--num-draft-tokens", String(k)]));
+}
+
+describe("MTP drafters: the same drafted and accepted tokens as mlx-vlm's MTP path", () => {
+  for (const [target, drafter] of [
+    ["small", "small-mtp"],
+    ["small", "small-mtp-ordered"],
+    ["small", "small-mtp-echo"],
+    ["moe", "moe-mtp"],
+    ["moe", "moe-mtp-echo"],
+  ] as const) {
+    test(`${target} + ${drafter}`, async () => {
+      // 5 + 24 tokens: the window of 8 wraps, and mlx-vlm's buffered sliding cache never compacts
+      // (past max_size + 32 tokens its drafter's window is one token short: docs/speculative.md).
+      const maxTokens = 24;
+      const ref = oracle(models.path(target), models.path(drafter), SHORT, maxTokens, 3);
+      using t = Engine.load(models.path(target));
+      using a = loadAssistant(models.path(drafter));
+      const rounds: { drafted: number[]; accepted: number }[] = [];
+      const sd = new SpeculativeDecoder(t, a, { onRound: (r) => rounds.push(r) });
+      expect(sd.numDraftTokens).toBe(3);
+      const r = await sd.generate({ promptIds: SHORT, maxTokens }).result;
+      expect(r.tokens).toEqual(ref.plain);
+      expect(ref.tokens).toEqual(ref.plain);
+      // Our first round drafts nothing (a plain step gives the first token and the hidden state,
+      // where mlx-vlm takes both from its prefill); every later round is one of mlx-vlm's.
+      expect(rounds[0]!.drafted).toEqual([]);
+      expect(rounds.slice(1).map((x) => x.drafted)).toEqual(ref.drafts);
+      expect(rounds.slice(1).map((x) => x.accepted)).toEqual(ref.accepted);
+      if (drafter.endsWith("echo")) expect(r.speculative!.accepted).toBeGreaterThan(0);
+    });
+  }
+});
+
+describe("MTP drafters: greedy output equals plain greedy output", () => {
+  test("every KV mode whose caches trim, prompts that wrap the window before and during decoding; memory returns to its baseline", async () => {
+    for (const kv of ["bf16", "q8", "turbo:4,3"]) {
+      for (const opts of [{ kv }, { kv, maxKvSize: 16 }]) {
+        using t = Engine.load(models.path("small"), opts);
+        using a1 = loadAssistant(models.path("small-mtp"));
+        using a2 = loadAssistant(models.path("small-mtp-echo"));
+        using a3 = loadAssistant(models.path("small-mtp-4bit"));
+        const cases: [string, SpeculativeDecoder][] = [];
+        for (const [name, a] of [
+          ["random", a1],
+          ["echo", a2],
+          ["4-bit", a3],
+        ] as const)
+          for (const k of [3, 2]) cases.push([`${name} k ${k}`, new SpeculativeDecoder(t, a, { numDraftTokens: k })]);
+        // Weights load lazily and KV codecs make their tables once: warm up before the baseline.
+        for (const [, sd] of cases) await sd.generate({ promptIds: SHORT, maxTokens: 4 }).result;
+        memory.clearCache();
+        const base = memory.active();
+        const handles = memory.liveHandles();
+        for (const prompt of [LONG, SHORT]) {
+          const req = { promptIds: prompt, maxTokens: 16 };
+          const plain = (await t.generate(req).result).tokens;
+          for (const [name, sd] of cases) {
+            const r = await sd.generate(req).result;
+            expect(r.tokens, `${JSON.stringify(opts)} ${name} prompt ${prompt.length}`).toEqual(plain);
+            expect(r.speculative!.drafted).toBeGreaterThan(0);
+          }
+        }
+        memory.clearCache();
+        expect(memory.liveHandles()).toBe(handles);
+        expect(memory.active()).toBe(base);
+      }
+    }
+  });
+
+  test("equals mlx-lm's greedy tokens; through the Scheduler; sampling is seeded-reproducible", async () => {
+    using t = Engine.load(models.path("small"));
+    using a = loadAssistant(models.path("small-mtp-echo"));
+    const ref = mlxLmGenerate(models.path("small"), LONG, 20);
+    const sched = new Scheduler(t, { speculative: new SpeculativeDecoder(t, a) });
+    const r = await sched.submit({ promptIds: LONG, maxTokens: 20 }).result;
+    expect(r.tokens).toEqual(ref.tokens);
+    expect(r.speculative!.accepted).toBeGreaterThan(0);
+    const sd = new SpeculativeDecoder(t, a);
+    const req = { promptIds: SHORT, maxTokens: 16, sampling: { temperature: 0.8, seed: 5 } };
+    const s1 = await sd.generate(req).result;
+    const s2 = await sd.generate(req).result;
+    expect(s1.tokens).toEqual(s2.tokens);
+    expect(s1.tokens.length).toBe(16);
+    expect(s1.speculative!.drafted).toBeGreaterThan(0);
+  });
+});
+
+describe("MTP drafter checks", () => {
+  test("a drafter made for another target is refused, naming the field", () => {
+    using t = Engine.load(models.path("other"));
+    using a = loadAssistant(models.path("small-mtp"));
+    expect(() => new SpeculativeDecoder(t, a)).toThrow(/backbone_hidden_size 64 differs from the target's hidden_size 48/);
+  });
+});
