@@ -34,12 +34,18 @@ def pixels(ckpt, out, images):
     import mlx.core as mx
     import numpy as np
     from mlx_vlm.utils import load_image
-    from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4Processor
+    from pathlib import Path
 
-    proc = Gemma4Processor.from_pretrained(ckpt)
+    from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4ImageProcessor
+
+    # The image_processor block as Gemma4Processor.from_pretrained extracts it (no tokenizer needed).
+    cfg = json.loads((Path(ckpt) / "processor_config.json").read_text())
+    ip = dict(cfg.get("image_processor", {}))
+    ip.pop("image_processor_type", None)
+    image_processor = Gemma4ImageProcessor(**ip)
     arrays, counts = {}, []
     for i, path in enumerate(images):
-        data, n = proc.image_processor([load_image(path)])
+        data, n = image_processor([load_image(path)])
         pv = data["pixel_values"]
         pv = pv[0] if isinstance(pv, list) else pv[0]
         arrays[f"pixels.{i}"] = mx.array(np.asarray(pv, dtype=np.float32))
@@ -55,7 +61,9 @@ def run(ckpt, out, request_path):
     model, processor = load(ckpt)
     prompt = processor.apply_chat_template(req["messages"], add_generation_prompt=True)
     images = [load_image(p) for p in req.get("images", [])]
-    inputs = processor(images=images or None, text=prompt, return_tensors="mlx")
+    # mlx_vlm.generate's prepare_inputs: add_special_tokens = should_add_special_tokens(...), False
+    # for gemma4 with a chat template (the template writes <bos>).
+    inputs = processor(images=images or None, text=prompt, return_tensors="mlx", add_special_tokens=False)
     ids = inputs["input_ids"]
     pv = inputs.get("pixel_values")
     kwargs = {}

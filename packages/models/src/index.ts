@@ -39,7 +39,24 @@ export {
   TemplateTimeoutError,
 } from "./chat-template.ts";
 export { assertRegularFile } from "./files.ts";
-export { Gemma4Model } from "./model/gemma4.ts";
+export {
+  aspectRatioPreservingSize,
+  DEFAULT_IMAGE_PROCESSOR,
+  DEFAULT_MAX_PIXELS,
+  type DecodeOptions,
+  decodeImage,
+  ImageError,
+  type ImageErrorCode,
+  type ImageProcessorConfig,
+  loadImageProcessorConfig,
+  type PreprocessedImage,
+  preprocessImage,
+  type RgbImage,
+  resizeBicubic,
+} from "./vision/preprocess.ts";
+export { Gemma4Vision, type MultimodalTokens, parseMultimodalTokens, parseVisionConfig, type VisionConfig } from "./vision/tower.ts";
+export { bidirectionalVision, expandImageTokens, multimodalInputs, type OwnedForwardInputs } from "./vision/embed.ts";
+export { type ForwardInputs, Gemma4Model } from "./model/gemma4.ts";
 export { type DrafterKv, Gemma4Assistant, isAssistantDir, type LoadedAssistant, loadAssistant } from "./model/assistant.ts";
 export { checkKvMode, type KvMode, codecFor, kvModeName, parseKvMode } from "./model/kv-mode.ts";
 export { embed, embedAsLinear, linear, moduleWeights, switchLinear, type ModuleWeights } from "./model/nn.ts";

@@ -69,13 +69,27 @@ export interface Shared {
   offset: MlxArray | number;
 }
 
+/**
+ * Inputs given as embeddings (images: mlx-vlm's get_input_embeddings): `h` [B, L, hidden] already
+ * scaled, with soft tokens in place; `pleIds` the ids for the per-layer embeddings (media tokens → 0).
+ */
+export interface EmbeddedInputs {
+  h: MlxArray;
+  pleIds: MlxArray;
+}
+
 /** Embeddings × √hidden and, with per-layer embeddings, the per-layer inputs [B, L, layers, hpl]. */
-export function embedInputs(m: ModelParts, c: ModelConsts, ids: MlxArray, s: Scope): { h: MlxArray; perLayer: MlxArray | undefined } {
-  const emb = s.t(embed(m.embed, ids));
-  const h = s.t(mx.multiply(emb, c.hiddenSize ** 0.5));
+export function embedInputs(
+  m: ModelParts,
+  c: ModelConsts,
+  ids: MlxArray,
+  s: Scope,
+  given?: EmbeddedInputs,
+): { h: MlxArray; perLayer: MlxArray | undefined } {
+  const h = given ? given.h : s.t(mx.multiply(s.t(embed(m.embed, ids)), c.hiddenSize ** 0.5));
   if (!m.ple) return { h, perLayer: undefined };
   const hpl = c.hiddenPerLayer;
-  const pe = s.t(embed(m.ple.embed, ids));
+  const pe = s.t(embed(m.ple.embed, given ? given.pleIds : ids));
   const pes = s.t(mx.multiply(pe, hpl ** 0.5));
   const pli = s.t(mx.unflatten(pes, -1, [c.numLayers, hpl]));
   const proj0 = s.t(linear(m.ple.proj, h));

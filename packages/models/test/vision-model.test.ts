@@ -1,0 +1,148 @@
+// The vision tower, the multimodal embedder and image prompts against mlx-vlm 0.7.10 on tiny
+// random Gemma 4 vision checkpoints (tools/make-tiny-model/make_tiny_vision_model.py: "e" with
+// clipped linears and causal text attention, "l" with standardize and bidirectional image
+// attention). Reference: tools/oracle/gemma4_vision_oracle.py run (processor + Model.__call__ +
+// greedy decode through the language model's cache).
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { loadSafetensors, type MlxArray, memory } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import sharp from "sharp";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { runPython } from "../../../tools/oracle/oracle.ts";
+import { loadModel } from "../src/load.ts";
+import { multimodalInputs, expandImageTokens } from "../src/vision/embed.ts";
+import { decodeImage, loadImageProcessorConfig, preprocessImage } from "../src/vision/preprocess.ts";
+import { Gemma4Vision } from "../src/vision/tower.ts";
+import { ROOT } from "./helpers.ts";
+
+const MAKER = join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py");
+const ORACLE = join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py");
+const STEPS = 12;
+
+let dir: string;
+const images: string[] = [];
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), "mlxb-vision-model-"));
+  runPython([MAKER, "--suite", dir]);
+  const mk = async (name: string, w: number, h: number, seed: number) => {
+    const b = Buffer.alloc(w * h * 3);
+    let s = seed;
+    for (let i = 0; i < b.length; i++) {
+      s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+      b[i] = ((i % (w * 3)) + (s >>> 26)) & 255;
+    }
+    const p = join(dir, name);
+    await sharp(b, { raw: { width: w, height: h, channels: 3 } })
+      .png()
+      .toFile(p);
+    images.push(p);
+  };
+  await mk("a.png", 130, 100, 1);
+  await mk("b.png", 64, 200, 2);
+  // Warm-up: the process-lived compiled functions (gelu_approx, geglu, softcap) are made on first
+  // use; the memory checks below then see only what one request leaves behind.
+  const ckpt = join(dir, "vision-e");
+  using lm = loadModel(ckpt);
+  using vision = Gemma4Vision.load(ckpt, lm.config)!;
+  const pre = preprocessImage(await decodeImage(readFileSync(images[0]!)), loadImageProcessorConfig(ckpt));
+  using f = vision.encode(pre);
+  const ids = expandImageTokens([2, vision.tokens.imageTokenId, 5], [pre.softTokens], vision.tokens);
+  using mm = multimodalInputs(lm.model, vision.tokens, ids, [f]);
+  using idsArr = mx.array([ids], "int32");
+  using l = lm.model.forward(idsArr, null, mm.inputs);
+  l.eval();
+});
+
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+function argmax(a: MlxArray): number {
+  using m = mx.argmax(a);
+  return (m.item() as number) | 0;
+}
+
+function maxAbsDiff(a: MlxArray, b: MlxArray): number {
+  using af = mx.astype(a, "float32");
+  using bf = mx.astype(b, "float32");
+  using br = mx.reshape(bf, af.shape);
+  using d = mx.subtract(af, br);
+  using ad = mx.abs(d);
+  using m = mx.max(ad);
+  return m.item() as number;
+}
+
+const CASES = [
+  { name: "one image", content: [{ type: "image" }, { type: "text", text: "What is in this picture?" }], images: [0] },
+  {
+    name: "two images with text between",
+    content: [{ type: "text", text: "Compare" }, { type: "image" }, { type: "text", text: "and" }, { type: "image" }],
+    images: [0, 1],
+  },
+];
+
+describe.each(["vision-e", "vision-l"])("%s = mlx-vlm", (variant) => {
+  it.each(CASES)("$name: prompt ids, soft tokens, prefill logits and greedy tokens equal", async (c) => {
+    const ckpt = join(dir, variant);
+    const req = join(dir, `req-${variant}.json`);
+    const out = join(dir, `out-${variant}.safetensors`);
+    const paths = c.images.map((i) => images[i]!);
+    writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content: c.content }], images: paths, steps: STEPS }));
+    runPython([ORACLE, "run", ckpt, out, req]);
+    using ref = loadSafetensors(out);
+    for (const a of ref.tensors.values()) a.eval();
+
+    memory.clearCache();
+    const baseline = memory.active();
+    const handles = memory.liveHandles();
+    {
+      using lm = loadModel(ckpt);
+      using vision = Gemma4Vision.load(ckpt, lm.config)!;
+      expect(vision).not.toBeNull();
+      const cfg = loadImageProcessorConfig(ckpt);
+      const pre = await Promise.all(paths.map(async (p) => preprocessImage(await decodeImage(readFileSync(p)), cfg)));
+      // The prompt: the reference's rendered text, tokenized here, image tokens expanded here.
+      const ids = expandImageTokens(
+        lm.tokenizer.encode(ref.metadata.prompt!, { addSpecialTokens: false }),
+        pre.map((p) => p.softTokens),
+        vision.tokens,
+      );
+      expect(ids).toEqual([...(ref.tensors.get("input_ids")!.toTypedArray() as Int32Array)]);
+
+      const feats = pre.map((p) => vision.encode(p));
+      try {
+        using all = mx.concatenate(feats, 0);
+        expect(maxAbsDiff(all, ref.tensors.get("features")!), "soft tokens").toBe(0);
+        using mm = multimodalInputs(lm.model, vision.tokens, ids, feats);
+        const caches = lm.model.makeCaches();
+        try {
+          using idsArr = mx.array([ids], "int32");
+          using logits = lm.model.forward(idsArr, caches, mm.inputs);
+          using last = mx.index(logits, 0, -1);
+          expect(maxAbsDiff(last, ref.tensors.get("prefill_logits")!), "prefill logits").toBe(0);
+          const tokens: number[] = [];
+          let y = argmax(last);
+          const refSteps = ref.tensors.get("step_logits")!;
+          for (let i = 0; i < STEPS; i++) {
+            tokens.push(y);
+            using t = mx.array([[y]], "int32");
+            using l = lm.model.forward(t, caches);
+            using row = mx.index(l, 0, -1);
+            using r = mx.index(refSteps, i);
+            expect(maxAbsDiff(row, r), `step ${i} logits`).toBe(0);
+            y = argmax(row);
+          }
+          expect(tokens).toEqual([...(ref.tensors.get("tokens")!.toTypedArray() as Int32Array)]);
+        } finally {
+          for (const k of caches) k.dispose();
+        }
+      } finally {
+        for (const f of feats) f.dispose();
+      }
+    }
+    memory.clearCache();
+    expect(memory.liveHandles()).toBe(handles);
+    expect(memory.active()).toBe(baseline);
+  });
+});
