@@ -4,12 +4,8 @@
 // only this worker (the parent replaces it) and its message names the problem.
 declare const self: Worker;
 
-/** A request: the schema text and XGrammar's conversion options. */
-export interface ConvertRequest {
-  id: number;
-  schema: string;
-  strict: boolean;
-}
+/** A request: the schema text and XGrammar's conversion options, or EBNF to parse (the answer: ""). */
+export type ConvertRequest = { id: number; schema: string; strict: boolean } | { id: number; ebnf: string };
 
 /** The answer: the EBNF of the schema, or why XGrammar refused it (the module is then retired). */
 export type ConvertReply = { id: number; ebnf: string } | { id: number; error: string };
@@ -24,14 +20,15 @@ console.error = (...args: unknown[]) => {
 const xg = (await import("@mlc-ai/web-xgrammar")).default;
 
 self.onmessage = async (ev: MessageEvent<ConvertRequest>) => {
-  const { id, schema, strict } = ev.data;
+  const req = ev.data;
+  const id = req.id;
   lastFatal = "";
   try {
     // One line, ", " and ": " as separators (json.dumps' defaults), no free whitespace.
-    const ebnf = await xg.Testings._jsonSchemaToEBNF(schema, false, -1, undefined, strict);
+    const ebnf = "ebnf" in req ? req.ebnf : await xg.Testings._jsonSchemaToEBNF(req.schema, false, -1, undefined, req.strict);
     // Parse it here too, so the parent only ever parses EBNF that parsed once already.
     (await xg.Grammar.fromEBNF(ebnf)).dispose();
-    self.postMessage({ id, ebnf } satisfies ConvertReply);
+    self.postMessage({ id, ebnf: "ebnf" in req ? "" : ebnf } satisfies ConvertReply);
   } catch (e) {
     self.postMessage({ id, error: fatalMessage(lastFatal) || (e as Error).message } satisfies ConvertReply);
   }

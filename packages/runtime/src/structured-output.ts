@@ -10,10 +10,11 @@
 // by the checked schema's canonical text.
 import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import type { Gemma4Tokenizer } from "@mlx-bun/models";
+import { GEMMA4_MARKERS, type Gemma4Tokenizer } from "@mlx-bun/models";
 import type { CompiledGrammar, GrammarCompiler, GrammarMatcher } from "@mlc-ai/web-xgrammar";
 import type { ConvertReply, ConvertRequest } from "./grammar-worker.ts";
 import { prepareJsonSchema, SchemaError } from "./json-schema-support.ts";
+import { type GrammarMarks, gemma4ToolCallEbnf, type ToolSpec } from "./tool-call-grammar.ts";
 import type { LogitsProcessor } from "./types.ts";
 
 export { SchemaError } from "./json-schema-support.ts";
@@ -52,6 +53,7 @@ const MAX_SCHEMA_CHARS = 256 * 1024;
 const JSON_OBJECT = { text: '{"type":"object"}', strict: false };
 
 const compilers = new WeakMap<Gemma4Tokenizer, StructuredOutputCompiler>();
+const markupCompilers = new WeakMap<Gemma4Tokenizer, StructuredOutputCompiler>();
 
 /**
  * A logits processor that constrains a request's output to `format`. The initial mask is ready
@@ -60,16 +62,26 @@ const compilers = new WeakMap<Gemma4Tokenizer, StructuredOutputCompiler>();
  */
 export async function grammarProcessor(tokenizer: Gemma4Tokenizer, format: StructuredFormat, opts: GrammarProcessorOptions = {}): Promise<GrammarProcessor> {
   const compiler = StructuredOutputCompiler.for(tokenizer);
-  const compiled = await compiler.compile(format);
-  const matcher = await compiler.matcher(compiled);
-  const p = new XGrammarProcessor(compiler, await compiler.vocabSize(), await compiler.utf8Guard(), matcher, opts.promptTokens);
-  try {
-    await p.advance(null);
-  } catch (e) {
-    p.dispose();
-    throw e;
-  }
-  return p;
+  return await compiler.processor(await compiler.compile(format), opts);
+}
+
+/** What a turn that must call a tool may call (tool-call-grammar.ts). */
+export interface ToolCallFormat {
+  /** The functions allowed (one for a named tool_choice). */
+  tools: readonly ToolSpec[];
+  /** Whether the model may think first (the thought channel, then the call). */
+  thinking: boolean;
+}
+
+/**
+ * A logits processor that makes a Gemma 4 turn one or more tool calls of `format.tools` (see
+ * tool-call-grammar.ts). Rejects with a ToolGrammarError (a RequestError) on a tool it cannot
+ * write, and with an Error when the vocabulary lacks Gemma 4's delimiter tokens.
+ */
+export async function toolCallProcessor(tokenizer: Gemma4Tokenizer, format: ToolCallFormat, opts: GrammarProcessorOptions = {}): Promise<GrammarProcessor> {
+  const compiler = StructuredOutputCompiler.forToolCalls(tokenizer);
+  const marks = await compiler.marks();
+  return await compiler.processor(await compiler.compileEbnf(gemma4ToolCallEbnf(format.tools, marks, { thinking: format.thinking })), opts);
 }
 
 /** Check a format without compiling it (throws the SchemaError grammarProcessor would). */
@@ -93,7 +105,11 @@ function prepareFormat(format: StructuredFormat): { text: string; strict: boolea
 }
 
 /** The vocabulary of a tokenizer as XGrammar's TokenizerInfo.from_huggingface reads tokenizer.json. */
-export function grammarVocabulary(tokenizer: Gemma4Tokenizer): { vocab: string[]; vocabType: "byte_fallback" | "byte_level" | "raw"; prependSpace: boolean } {
+export function grammarVocabulary(
+  tokenizer: Gemma4Tokenizer,
+  /** Special tokens the grammar may write, each as one character of its own (their text → that character). */
+  marks: ReadonlyMap<string, string> = new Map(),
+): { vocab: string[]; vocabType: "byte_fallback" | "byte_level" | "raw"; prependSpace: boolean } {
   const tj = tokenizer.tokenizerJson as Record<string, any>;
   const vocab: string[] = [];
   const model = tj.model ?? {};
@@ -101,7 +117,8 @@ export function grammarVocabulary(tokenizer: Gemma4Tokenizer): { vocab: string[]
   else if (Array.isArray(model.vocab)) (model.vocab as [string, number][]).forEach(([t], id) => (vocab[id] = t)); // Unigram
   // Added tokens: special ones become "" (XGrammar never generates an empty token; the stop ids
   // are passed apart), as our detokenizer drops them; others are their text.
-  for (const a of (tj.added_tokens ?? []) as { id: number; content: string; special?: boolean }[]) vocab[a.id] = a.special ? "" : a.content;
+  for (const a of (tj.added_tokens ?? []) as { id: number; content: string; special?: boolean }[])
+    vocab[a.id] = a.special ? (marks.get(a.content) ?? "") : a.content;
   for (let i = 0; i < vocab.length; i++) vocab[i] ??= "";
   // XGrammar's DetectVocabType: the first ByteLevel or ByteFallback decoder; DetectAddPrefixSpace:
   // a Prepend("▁") normalizer or a Metaspace pre-tokenizer that prepends.
@@ -129,11 +146,15 @@ export function grammarVocabulary(tokenizer: Gemma4Tokenizer): { vocab: string[]
 export class StructuredOutputCompiler {
   /** Token ids the grammars end on (the tokenizer's eos ids). */
   readonly stopIds: number[];
-  #init: Promise<{ xg: XG; compiler: GrammarCompiler; vocabSize: number; guard: Utf8Guard }> | null = null;
+  #init: Promise<{ xg: XG; compiler: GrammarCompiler; vocabSize: number; guard: Utf8Guard; marks: GrammarMarks | null }> | null = null;
   readonly #cache = new Map<string, Promise<CompiledGrammar>>();
   #worker: ConversionWorker | null = null;
 
-  private constructor(readonly tokenizer: Gemma4Tokenizer) {
+  private constructor(
+    readonly tokenizer: Gemma4Tokenizer,
+    /** Whether Gemma 4's delimiter tokens are in the grammar's vocabulary (as GrammarMarks); else every special token is unwritable. */
+    readonly markup: boolean,
+  ) {
     this.stopIds = [...tokenizer.eosTokenIds].sort((a, b) => a - b);
   }
 
@@ -141,8 +162,18 @@ export class StructuredOutputCompiler {
   static for(tokenizer: Gemma4Tokenizer): StructuredOutputCompiler {
     let c = compilers.get(tokenizer);
     if (!c) {
-      c = new StructuredOutputCompiler(tokenizer);
+      c = new StructuredOutputCompiler(tokenizer, false);
       compilers.set(tokenizer, c);
+    }
+    return c;
+  }
+
+  /** The compiler of tool-call grammars of `tokenizer` (its vocabulary can write Gemma 4's delimiters). */
+  static forToolCalls(tokenizer: Gemma4Tokenizer): StructuredOutputCompiler {
+    let c = markupCompilers.get(tokenizer);
+    if (!c) {
+      c = new StructuredOutputCompiler(tokenizer, true);
+      markupCompilers.set(tokenizer, c);
     }
     return c;
   }
@@ -150,12 +181,36 @@ export class StructuredOutputCompiler {
   #ready() {
     this.#init ??= (async () => {
       const xg = (await import("@mlc-ai/web-xgrammar")).default;
-      const { vocab, vocabType, prependSpace } = grammarVocabulary(this.tokenizer);
+      const marks = this.markup ? chooseMarks(this.tokenizer) : null;
+      const { vocab, vocabType, prependSpace } = grammarVocabulary(this.tokenizer, marks?.byToken);
       const info = await xg.TokenizerInfo.createTokenizerInfo(vocab, vocabType, prependSpace, vocab.length, this.stopIds);
       const compiler = await xg.GrammarCompiler.createGrammarCompiler(info);
-      return { xg, compiler, vocabSize: vocab.length, guard: utf8Guard(vocab, vocabType) };
+      const guard = utf8Guard(vocab, vocabType);
+      // Byte tokens that would spell a mark's character: a mark is written only as its own token.
+      if (marks) guard.never.push(...byteTokens(vocab, vocabType, marks.leadByte));
+      return { xg, compiler, vocabSize: vocab.length, guard, marks: marks?.marks ?? null };
     })();
     return this.#init;
+  }
+
+  /** The characters that stand for Gemma 4's delimiters (a tool-call compiler's). */
+  async marks(): Promise<GrammarMarks> {
+    const m = (await this.#ready()).marks;
+    if (!m) throw new Error("grammar compiler: this compiler has no Gemma 4 delimiter marks (use forToolCalls)");
+    return m;
+  }
+
+  /** A processor of a compiled grammar, its first mask ready. */
+  async processor(compiled: CompiledGrammar, opts: GrammarProcessorOptions = {}): Promise<GrammarProcessor> {
+    const matcher = await this.matcher(compiled);
+    const p = new XGrammarProcessor(this, await this.vocabSize(), await this.utf8Guard(), matcher, opts.promptTokens);
+    try {
+      await p.advance(null);
+    } catch (e) {
+      p.dispose();
+      throw e;
+    }
+    return p;
   }
 
   /** Vocabulary size of the masks (the tokenizer's; wider logits are disallowed beyond it). */
@@ -171,14 +226,31 @@ export class StructuredOutputCompiler {
   /** The compiled grammar of a format (cached by its checked schema). Throws SchemaError on a schema it cannot enforce. */
   compile(format: StructuredFormat): Promise<CompiledGrammar> {
     const { text, strict } = prepareFormat(format);
-    const key = `${strict ? "s" : "n"}:${text}`;
+    return this.#cached(`${strict ? "s" : "n"}:${text}`, () => this.#compile(text, strict));
+  }
+
+  /** The compiled grammar of EBNF text made here (tool-call-grammar.ts), parsed in the worker first. */
+  compileEbnf(ebnf: string): Promise<CompiledGrammar> {
+    return this.#cached(`g:${ebnf}`, async () => {
+      const { compiler } = await this.#ready();
+      await this.#workerFor().parse(ebnf);
+      return await compiler.compileGrammar(ebnf);
+    });
+  }
+
+  #workerFor(): ConversionWorker {
+    if (!this.#worker || this.#worker.dead) this.#worker = new ConversionWorker();
+    return this.#worker;
+  }
+
+  #cached(key: string, make: () => Promise<CompiledGrammar>): Promise<CompiledGrammar> {
     let hit = this.#cache.get(key);
     if (hit) {
       this.#cache.delete(key);
       this.#cache.set(key, hit);
       return hit;
     }
-    hit = this.#compile(text, strict);
+    hit = make();
     this.#cache.set(key, hit);
     hit.catch(() => {});
     while (this.#cache.size > CACHE_ENTRIES) {
@@ -195,8 +267,7 @@ export class StructuredOutputCompiler {
 
   async #compile(text: string, strict: boolean): Promise<CompiledGrammar> {
     const { compiler } = await this.#ready();
-    if (!this.#worker || this.#worker.dead) this.#worker = new ConversionWorker();
-    const worker = this.#worker;
+    const worker = this.#workerFor();
     let ebnf: string;
     try {
       ebnf = await worker.convert(text, strict);
@@ -265,12 +336,21 @@ class ConversionWorker {
   }
 
   convert(schema: string, strict: boolean): Promise<string> {
+    return this.#request({ schema, strict });
+  }
+
+  /** Parse EBNF made here (rejects with XGrammar's message if it does not parse). */
+  async parse(ebnf: string): Promise<void> {
+    await this.#request({ ebnf });
+  }
+
+  #request(body: { schema: string; strict: boolean } | { ebnf: string }): Promise<string> {
     const run = async () => {
       if (this.dead) throw new Error("the grammar worker exited");
       // Keep the process alive while a conversion is pending (the idle worker is unref'd).
       this.#w.ref();
       try {
-        return await this.#convert(schema, strict);
+        return await this.#convert(body);
       } finally {
         if (!this.dead) this.#w.unref();
       }
@@ -280,7 +360,7 @@ class ConversionWorker {
     return out;
   }
 
-  async #convert(schema: string, strict: boolean): Promise<string> {
+  async #convert(body: { schema: string; strict: boolean } | { ebnf: string }): Promise<string> {
     await this.#ready;
     return await new Promise<string>((resolve, reject) => {
       const id = this.#next++;
@@ -293,7 +373,7 @@ class ConversionWorker {
         resolve: (v) => (clearTimeout(timer), resolve(v)),
         reject: (e) => (clearTimeout(timer), reject(e)),
       };
-      this.#w.postMessage({ id, schema, strict } satisfies ConvertRequest);
+      this.#w.postMessage({ id, ...body } satisfies ConvertRequest);
     });
   }
 
@@ -342,6 +422,41 @@ function utf8Guard(vocab: readonly string[], vocabType: string): Utf8Guard {
     guard.after.set(id, banned);
   }
   return guard;
+}
+
+/** The Gemma 4 delimiters a tool-call grammar writes, each given a private-use character no token contains. */
+const MARKED_TOKENS = {
+  callOpen: GEMMA4_MARKERS.toolCallStart,
+  callClose: GEMMA4_MARKERS.toolCallEnd,
+  quote: GEMMA4_MARKERS.stringDelimiter,
+  channelOpen: "<|channel>",
+  channelClose: GEMMA4_MARKERS.thoughtEnd,
+} as const;
+/** The block the marks come from: U+E000-U+EFFF, every character of it UTF-8 lead byte 0xEE. */
+const RESERVED: [number, number] = [0xe000, 0xefff];
+
+function chooseMarks(tokenizer: Gemma4Tokenizer): { marks: GrammarMarks; byToken: Map<string, string>; leadByte: number } {
+  for (const t of Object.values(MARKED_TOKENS)) {
+    if (tokenizer.tokenToId(t) === undefined) throw new Error(`tool-call grammar: the vocabulary has no ${t} token (not a Gemma 4 tokenizer)`);
+  }
+  const { vocab } = grammarVocabulary(tokenizer);
+  const used = new Set<number>();
+  for (const t of vocab) for (const ch of t) if (ch.codePointAt(0)! >= RESERVED[0] && ch.codePointAt(0)! <= RESERVED[1]) used.add(ch.codePointAt(0)!);
+  const free: string[] = [];
+  for (let cp = RESERVED[0]; cp <= RESERVED[1] && free.length < 5; cp++) if (!used.has(cp)) free.push(String.fromCodePoint(cp));
+  if (free.length < 5) throw new Error("tool-call grammar: no free private-use characters for the delimiter marks");
+  const [callOpen, callClose, quote, channelOpen, channelClose] = free as [string, string, string, string, string];
+  const marks: GrammarMarks = { callOpen, callClose, quote, channelOpen, channelClose, reserved: RESERVED };
+  const byToken = new Map(Object.entries(MARKED_TOKENS).map(([k, t]) => [t, marks[k as keyof typeof MARKED_TOKENS]]));
+  return { marks, byToken, leadByte: 0xee };
+}
+
+/** The byte-fallback token of one byte (none for other vocabulary types). */
+function byteTokens(vocab: readonly string[], vocabType: string, byte: number): number[] {
+  if (vocabType !== "byte_fallback") return [];
+  const name = `<0x${byte.toString(16).toUpperCase().padStart(2, "0")}>`;
+  const id = vocab.indexOf(name);
+  return id < 0 ? [] : [id];
 }
 
 function clearBits(words: Int32Array, ids: readonly number[]): void {
