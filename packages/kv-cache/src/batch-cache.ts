@@ -38,6 +38,26 @@ export interface BatchCache extends Cache {
   extend(other: BatchCache): void;
   /** Row `row` as a compact single-sequence cache; the batch is not changed. */
   extract(row: number): Cache;
+  /**
+   * Whether `trimRows(counts)` is exact: every row still holds what attention over its next
+   * tokens needs (a sliding window: a full window, or every token the row had).
+   */
+  canTrimRows(counts: readonly number[]): boolean;
+  /**
+   * Drop the newest `counts[b]` tokens of row b (speculative verification: rows keep different
+   * numbers of drafts). A row's dropped slots become left padding (the row is rolled right, as
+   * finalize() does with right padding), so every row's newest token stays in the last column;
+   * tokens no row keeps are cut off. Refused (KvCacheError) where canTrimRows is false.
+   */
+  trimRows(counts: readonly number[]): void;
+}
+
+/** The checks of `trimRows(counts)` on a batch of `batch` rows, each row holding `held[b]` tokens. */
+export function checkTrimRows(op: string, counts: readonly number[], held: readonly number[]): void {
+  checkInts(`${op}: counts`, counts, { length: held.length, min: 0 });
+  counts.forEach((n, b) => {
+    if (n > held[b]!) fail(`${op}: cannot trim ${n} tokens from row ${b}, which holds ${held[b]}`);
+  });
 }
 
 /** Whether `c` is one of the batched layouts. */

@@ -7,6 +7,7 @@ import {
   checkFilterRows,
   checkPlanesMatch,
   checkRow,
+  checkTrimRows,
   describeCache,
   justifyRows,
   type PrepareOptions,
@@ -307,6 +308,47 @@ export class BatchRotatingKVCache extends PlaneLayout implements BatchCache {
     this.#idx -= n;
     this.#offs = this.#offs.map((o) => o - n);
     return n;
+  }
+
+  /** Tokens of row b in the buffer (temporal order): the columns right of its padding. */
+  #held(b: number): number {
+    return Math.min(this.#offs[b]!, this.#idx - Math.max(0, this.#lp[b]!));
+  }
+
+  /**
+   * Exact when the buffer is in temporal order (after a multi-token chunk; never after in-place
+   * ring writes) and every trimmed row keeps a full window (maxSize tokens) or every token it had.
+   */
+  canTrimRows(counts: readonly number[]): boolean {
+    if (counts.length !== this.#lp.length || !counts.every((n) => Number.isInteger(n) && n >= 0)) return false;
+    if (counts.every((n) => n === 0)) return true;
+    if (this.#rotated || this.#lengths || !this._planes || this.#idx !== this.capacity) return false;
+    return counts.every((n, b) => {
+      if (n === 0) return true;
+      const held = this.#held(b);
+      return n <= held && (held === this.#offs[b]! || held - n >= this.maxSize);
+    });
+  }
+
+  /**
+   * Drop the newest counts[b] tokens of row b: each row is rolled right by its count, so the
+   * dropped slots become its left padding and its newest token stays in the last column (the
+   * shared ring position does not move). See canTrimRows for when this is exact.
+   */
+  trimRows(counts: readonly number[]): void {
+    const op = "BatchRotatingKVCache.trimRows";
+    this.#requireFinalized("trimRows");
+    checkTrimRows(op, counts, this.#offs);
+    if (counts.every((n) => n === 0)) return;
+    if (!this.canTrimRows(counts)) {
+      fail(
+        `${op}: cannot trim [${counts.join(", ")}] exactly: ${this.#rotated || this.#idx !== this.capacity ? "the ring was written in place (its older tokens are overwritten)" : "a row would keep less than a full window"}`,
+      );
+    }
+    replaceAll(this._planes!, (p) => rollRows(p, counts));
+    // Padding that rotated out (negative) no longer hides anything: the dropped slots are the row's padding now.
+    this.#lp = this.#lp.map((l, b) => (counts[b]! > 0 ? Math.max(0, l) + counts[b]! : l));
+    this.#offs = this.#offs.map((o, b) => o - counts[b]!);
   }
 
   /** Keep only `rows` (in that order); mlx-lm's filter (no padding shift for the ring). */

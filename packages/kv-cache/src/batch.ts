@@ -4,7 +4,7 @@ import { checkKv, type KvCodec, plainCodec } from "./codec.ts";
 import { KVCache, makeState } from "./growable.ts";
 import { PrefillRow } from "./prefill-row.ts";
 import { appendGrowing, disposeAll, PlaneLayout, replaceAll, tokens } from "./planes.ts";
-import { catRows, checkInts, compactRow, int32Vector, leftPaddedRow, paddedCausalMask, rollRows, takeRows } from "./rows.ts";
+import { catRows, checkInts, compactRow, int32Vector, leftPaddedRow, paddedCausalMask, rollRows, rollRowsWithin, takeRows } from "./rows.ts";
 import { type Cache, type CacheState, type KvView, type Mask, fail, checkTrim } from "./types.ts";
 import {
   type BatchCache,
@@ -12,6 +12,7 @@ import {
   checkFilterRows,
   checkPlanesMatch,
   checkRow,
+  checkTrimRows,
   describeCache,
   justifyRows,
   type PrepareOptions,
@@ -202,6 +203,26 @@ export class BatchKVCache extends PlaneLayout implements BatchCache {
     checkTrim("BatchKVCache.trim", n, this.#idx);
     this.#idx -= n;
     return n;
+  }
+
+  canTrimRows(counts: readonly number[]): boolean {
+    return counts.length === this.#lp.length && counts.every((n, b) => Number.isInteger(n) && n >= 0 && n <= this.#idx - this.#lp[b]!);
+  }
+
+  /**
+   * Drop the newest counts[b] tokens of row b: the tokens no row keeps are cut (as trim), then
+   * each row is rolled right by what it drops beyond that, which becomes its left padding.
+   */
+  trimRows(counts: readonly number[]): void {
+    const op = "BatchKVCache.trimRows";
+    this.#requireFinalized("trimRows");
+    checkTrimRows(op, counts, this.offsets);
+    const common = Math.min(...counts);
+    this.#idx -= common;
+    const roll = counts.map((n) => n - common);
+    if (Math.max(...roll) === 0) return;
+    if (this._planes) replaceAll(this._planes, (p) => rollRowsWithin(p, roll, this.#idx));
+    this.#lp = this.#lp.map((l, b) => l + roll[b]!);
   }
 
   /** Keep only `rows` (in that order), then drop the padding columns every row has (mlx-lm's filter). */

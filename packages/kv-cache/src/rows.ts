@@ -55,6 +55,21 @@ export function rollRows(p: MlxArray, shifts: readonly number[]): MlxArray {
   return mx.take_along_axis(p, ids, 2);
 }
 
+/** Each row b of p [B, H, T, x] with its first `n` tokens rolled right by shifts[b] (the rest stay); a new array. */
+export function rollRowsWithin(p: MlxArray, shifts: readonly number[], n: number): MlxArray {
+  const b = shifts.length;
+  const t = p.shape[2]!;
+  if (p.shape[0] !== b) fail(`rollRowsWithin: ${b} shifts for ${p.describe()}`);
+  if (n > t || n < 0) fail(`rollRowsWithin: ${n} tokens of ${p.describe()}`);
+  if (n === 0) return p.retain();
+  const idx = new Int32Array(b * t);
+  for (let r = 0; r < b; r++) {
+    for (let j = 0; j < t; j++) idx[r * t + j] = j < n ? ((((j - shifts[r]!) % n) + n) % n) | 0 : j;
+  }
+  using ids = MlxArray.fromTypedArray(idx, [b, 1, t, 1], "int32");
+  return mx.take_along_axis(p, ids, 2);
+}
+
 /**
  * mlx-lm's create_causal_mask(n, offset, window_size, left_padding): boolean
  * [B, 1, n, offset + n]; row b's key j is visible when it is causal (and in
