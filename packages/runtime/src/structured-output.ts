@@ -14,7 +14,7 @@ import { GEMMA4_MARKERS, type Gemma4Tokenizer } from "@mlx-bun/models";
 import type { CompiledGrammar, GrammarCompiler, GrammarMatcher } from "@mlc-ai/web-xgrammar";
 import type { ConvertReply, ConvertRequest } from "./grammar-worker.ts";
 import { prepareJsonSchema, SchemaError } from "./json-schema-support.ts";
-import { type GrammarMarks, gemma4ToolCallEbnf, type ToolSpec } from "./tool-call-grammar.ts";
+import { type GrammarMarks, gemma4ToolCallEbnf, ToolGrammarError, type ToolSpec } from "./tool-call-grammar.ts";
 import type { LogitsProcessor } from "./types.ts";
 
 export { SchemaError } from "./json-schema-support.ts";
@@ -71,17 +71,22 @@ export interface ToolCallFormat {
   tools: readonly ToolSpec[];
   /** Whether the model may think first (the thought channel, then the call). */
   thinking: boolean;
+  /** Whether the turn may hold several calls (default true); false: exactly one. */
+  parallel?: boolean;
 }
 
 /**
  * A logits processor that makes a Gemma 4 turn one or more tool calls of `format.tools` (see
  * tool-call-grammar.ts). Rejects with a ToolGrammarError (a RequestError) on a tool it cannot
- * write, and with an Error when the vocabulary lacks Gemma 4's delimiter tokens.
+ * write or a vocabulary without Gemma 4's delimiter tokens.
  */
 export async function toolCallProcessor(tokenizer: Gemma4Tokenizer, format: ToolCallFormat, opts: GrammarProcessorOptions = {}): Promise<GrammarProcessor> {
   const compiler = StructuredOutputCompiler.forToolCalls(tokenizer);
   const marks = await compiler.marks();
-  return await compiler.processor(await compiler.compileEbnf(gemma4ToolCallEbnf(format.tools, marks, { thinking: format.thinking })), opts);
+  return await compiler.processor(
+    await compiler.compileEbnf(gemma4ToolCallEbnf(format.tools, marks, { thinking: format.thinking, parallel: format.parallel ?? true })),
+    opts,
+  );
 }
 
 /** Check a format without compiling it (throws the SchemaError grammarProcessor would). */
@@ -187,7 +192,7 @@ export class StructuredOutputCompiler {
       const compiler = await xg.GrammarCompiler.createGrammarCompiler(info);
       const guard = utf8Guard(vocab, vocabType);
       // Byte tokens that would spell a mark's character: a mark is written only as its own token.
-      if (marks) guard.never.push(...byteTokens(vocab, vocabType, marks.leadByte));
+      if (marks) for (const b of marks.bytes) guard.never.push(...byteTokens(vocab, vocabType, b));
       return { xg, compiler, vocabSize: vocab.length, guard, marks: marks?.marks ?? null };
     })();
     return this.#init;
@@ -424,7 +429,7 @@ function utf8Guard(vocab: readonly string[], vocabType: string): Utf8Guard {
   return guard;
 }
 
-/** The Gemma 4 delimiters a tool-call grammar writes, each given a private-use character no token contains. */
+/** The Gemma 4 delimiters a tool-call grammar writes, each given an ASCII control character no token contains. */
 const MARKED_TOKENS = {
   callOpen: GEMMA4_MARKERS.toolCallStart,
   callClose: GEMMA4_MARKERS.toolCallEnd,
@@ -432,23 +437,22 @@ const MARKED_TOKENS = {
   channelOpen: "<|channel>",
   channelClose: GEMMA4_MARKERS.thoughtEnd,
 } as const;
-/** The block the marks come from: U+E000-U+EFFF, every character of it UTF-8 lead byte 0xEE. */
-const RESERVED: [number, number] = [0xe000, 0xefff];
+/** Candidate mark characters: C0 controls other than tab, newline, carriage return. */
+const MARK_CANDIDATES = [...Array.from({ length: 8 }, (_, i) => 0x01 + i), 0x0b, 0x0c, ...Array.from({ length: 18 }, (_, i) => 0x0e + i)];
 
-function chooseMarks(tokenizer: Gemma4Tokenizer): { marks: GrammarMarks; byToken: Map<string, string>; leadByte: number } {
+function chooseMarks(tokenizer: Gemma4Tokenizer): { marks: GrammarMarks; byToken: Map<string, string>; bytes: number[] } {
   for (const t of Object.values(MARKED_TOKENS)) {
-    if (tokenizer.tokenToId(t) === undefined) throw new Error(`tool-call grammar: the vocabulary has no ${t} token (not a Gemma 4 tokenizer)`);
+    if (tokenizer.tokenToId(t) === undefined) throw new ToolGrammarError(`the vocabulary has no ${t} token (not a Gemma 4 tokenizer)`);
   }
   const { vocab } = grammarVocabulary(tokenizer);
   const used = new Set<number>();
-  for (const t of vocab) for (const ch of t) if (ch.codePointAt(0)! >= RESERVED[0] && ch.codePointAt(0)! <= RESERVED[1]) used.add(ch.codePointAt(0)!);
-  const free: string[] = [];
-  for (let cp = RESERVED[0]; cp <= RESERVED[1] && free.length < 5; cp++) if (!used.has(cp)) free.push(String.fromCodePoint(cp));
-  if (free.length < 5) throw new Error("tool-call grammar: no free private-use characters for the delimiter marks");
-  const [callOpen, callClose, quote, channelOpen, channelClose] = free as [string, string, string, string, string];
-  const marks: GrammarMarks = { callOpen, callClose, quote, channelOpen, channelClose, reserved: RESERVED };
+  for (const t of vocab) for (const ch of t) if (ch.codePointAt(0)! < 0x20) used.add(ch.codePointAt(0)!);
+  const free = MARK_CANDIDATES.filter((cp) => !used.has(cp)).slice(0, 5);
+  if (free.length < 5) throw new ToolGrammarError("tool-call grammar: no control characters free for the delimiter marks");
+  const [callOpen, callClose, quote, channelOpen, channelClose] = free.map((cp) => String.fromCodePoint(cp)) as [string, string, string, string, string];
+  const marks: GrammarMarks = { callOpen, callClose, quote, channelOpen, channelClose, reserved: callOpen + callClose + quote + channelOpen + channelClose };
   const byToken = new Map(Object.entries(MARKED_TOKENS).map(([k, t]) => [t, marks[k as keyof typeof MARKED_TOKENS]]));
-  return { marks, byToken, leadByte: 0xee };
+  return { marks, byToken, bytes: free };
 }
 
 /** The byte-fallback token of one byte (none for other vocabulary types). */

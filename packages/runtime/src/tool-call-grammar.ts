@@ -9,8 +9,10 @@
 // Then the grammar ends (the stop tokens, e.g. <|tool_response>). See docs/server.md ("tool_choice").
 //
 // The delimiters are single special tokens. XGrammar matches text, so structured-output.ts gives
-// each of them a private-use character of its own in the grammar's vocabulary (`GrammarMarks`):
+// each of them an ASCII control character of its own in the grammar's vocabulary (`GrammarMarks`):
 // the grammar then admits exactly that token where a delimiter goes, never a spelling of its text.
+// (ASCII, because XGrammar 0.1.27's character classes are exact only there: a negated class drops
+// its characters above 127, and ranges above 127 match loosely, e.g. [\u0080-\ud7ff] takes U+E001.)
 import { parseToolCalls } from "@mlx-bun/models";
 import { RequestError } from "./request.ts";
 
@@ -27,8 +29,8 @@ export interface GrammarMarks {
   quote: string;
   channelOpen: string;
   channelClose: string;
-  /** First and last code point of the private-use block the marks come from (never free text). */
-  reserved: [number, number];
+  /** Every mark character (never in free text or a literal). */
+  reserved: string;
 }
 
 /** A tool list or schema the call grammar cannot be built for (a 400 naming the tool). */
@@ -41,12 +43,14 @@ const MAX_COUNTED = 256;
 /** Longest free key or number run (a runaway model ends its value instead of writing forever). */
 const MAX_KEY_CHARS = 64;
 const MAX_DIGITS = 20;
+/** A JSON number; the exponent has at most 2 digits, so every number is finite (1e999 would read as Infinity). */
+const NUMBER = `"-"? ("0" | [1-9] [0-9]{0,${MAX_DIGITS - 1}}) ("." [0-9]{1,${MAX_DIGITS}})? ([eE] [+\\-]? [0-9]{1,2})?`;
 
 /**
  * EBNF (XGrammar's dialect) of a turn that calls one or more of `tools`. `thinking`: the model may
- * open the thought channel first (free text, then the call).
+ * open the thought channel first (free text, then the call); `parallel` false: exactly one call.
  */
-export function gemma4ToolCallEbnf(tools: readonly ToolSpec[], marks: GrammarMarks, opts: { thinking: boolean }): string {
+export function gemma4ToolCallEbnf(tools: readonly ToolSpec[], marks: GrammarMarks, opts: { thinking: boolean; parallel?: boolean }): string {
   if (!tools.length) throw new ToolGrammarError("a required tool call needs at least one function");
   const b = new Builder(marks);
   const alts = tools.map((t) => {
@@ -58,7 +62,7 @@ export function gemma4ToolCallEbnf(tools: readonly ToolSpec[], marks: GrammarMar
   });
   b.rule("call", `${lit(marks.callOpen)} (${alts.join(" | ")}) ${lit(marks.callClose)}`);
   const thought = opts.thinking ? `(${lit(`${marks.channelOpen}thought`)} ${b.freeText(0, Number.POSITIVE_INFINITY)} ${lit(marks.channelClose)})? ` : "";
-  return `root ::= ${thought}call+\n${b.rules.join("\n")}\n`;
+  return `root ::= ${thought}call${opts.parallel === false ? "" : "+"}\n${b.rules.join("\n")}\n`;
 }
 
 /** Whether `name` is a name the tool-call parser reads back whole (mlx-lm's [\w-]+). */
@@ -147,7 +151,7 @@ class Builder {
       case "integer":
         return this.#shared("int", `"-"? ("0" | [1-9] [0-9]{0,${MAX_DIGITS - 1}})`);
       case "number":
-        return this.#shared("num", `"-"? ("0" | [1-9] [0-9]{0,${MAX_DIGITS - 1}}) ("." [0-9]{1,${MAX_DIGITS}})? ([eE] [+\\-]? [0-9]{1,3})?`);
+        return this.#shared("num", NUMBER);
       case "boolean":
         return `"true" | "false"`;
       case "null":
@@ -247,13 +251,10 @@ class Builder {
    * the output parser reads text: a spelled-out delimiter would end the string or section early).
    */
   freeText(min: number, max: number): string {
-    // XGrammar clamps negated classes to ASCII (a character above 127 in one is ignored), so the
-    // allowed characters are positive classes: ASCII without "<" "|" (">" too after "|"), and
-    // every other code point outside the marks' block.
-    const [lo, hi] = this.marks.reserved;
-    const wide = `[\\u0080-\\ud7ff${lo > 0xe000 ? `\\ue000-${cls(lo - 1)}` : ""}${cls(hi + 1)}-\\U0010ffff]`;
-    this.#shared("fc", `[\\x00-;=-{}-\\x7f] | ${wide}`);
-    this.#shared("fcp", `[\\x00-;=?-{}-\\x7f] | ${wide}`);
+    // Negated ASCII classes (exact in XGrammar): any character but "<", "|" (">" too after "|") and the marks.
+    const marks = [...this.marks.reserved].map((ch) => cls(ch.codePointAt(0)!)).join("");
+    this.#shared("fc", `[^<|${marks}]`);
+    this.#shared("fcp", `[^<|>${marks}]`);
     // States: n (last char plain, or none yet), a (last "<": no "|" next), p (last "|": no ">" next).
     const states = (next: string, canEnd: boolean): Record<"n" | "a" | "p", string> => {
       const end = canEnd ? `"" | ` : "";
@@ -287,7 +288,7 @@ class Builder {
     if (this.#named.has("any")) return "any";
     const q = lit(this.marks.quote);
     this.rule("any", `${q} ${this.freeText(0, Number.POSITIVE_INFINITY)} ${q} | num | "true" | "false" | "null" | anyobj | anyarr`);
-    this.#shared("num", `"-"? ("0" | [1-9] [0-9]{0,${MAX_DIGITS - 1}}) ("." [0-9]{1,${MAX_DIGITS}})? ([eE] [+\\-]? [0-9]{1,3})?`);
+    this.#shared("num", NUMBER);
     this.rule("anyarr", `"[" (any ("," any)*)? "]"`);
     this.rule("anyobj", `"{" (anykv ("," anykv)*)? "}"`);
     this.rule("anykv", `[a-zA-Z_] [a-zA-Z0-9_]{0,${MAX_KEY_CHARS - 1}} ":" any`);
@@ -301,15 +302,12 @@ class Builder {
 }
 
 /** `v` in Gemma 4's argument syntax (`quote` delimits strings); null for what JSON cannot hold. */
-function gemmaValue(v: unknown, quote: string, reserved: readonly [number, number]): string | null {
+function gemmaValue(v: unknown, quote: string, reserved: string): string | null {
   if (v === null) return "null";
   if (typeof v === "boolean") return v ? "true" : "false";
   if (typeof v === "number") return Number.isFinite(v) ? JSON.stringify(v) : null;
   // Never a delimiter's text or a mark inside a string (as for free text, see freeText).
-  if (typeof v === "string")
-    return v.includes("<|") || v.includes("|>") || [...v].some((ch) => ch.codePointAt(0)! >= reserved[0] && ch.codePointAt(0)! <= reserved[1])
-      ? null
-      : `${quote}${v}${quote}`;
+  if (typeof v === "string") return v.includes("<|") || v.includes("|>") || [...v].some((ch) => reserved.includes(ch)) ? null : `${quote}${v}${quote}`;
   if (Array.isArray(v)) {
     const items = v.map((x) => gemmaValue(x, quote, reserved));
     return items.includes(null) ? null : `[${items.join(",")}]`;
@@ -350,16 +348,25 @@ function nonNegInt(v: unknown): number | undefined {
   return typeof v === "number" && Number.isInteger(v) && v >= 0 ? v : undefined;
 }
 
-/** An EBNF string literal of `s` (every character outside printable ASCII escaped). */
+/**
+ * An EBNF literal of `s`: printable ASCII runs quoted, every other character a quoted escape of its
+ * own (XGrammar reads the hex digits of \\u greedily: "\\u0003fa" would be U+03FA).
+ */
 function lit(s: string): string {
-  let out = '"';
+  const parts: string[] = [];
+  let run = "";
   for (const ch of s) {
     const cp = ch.codePointAt(0)!;
-    if (ch === '"' || ch === "\\") out += `\\${ch}`;
-    else if (cp >= 0x20 && cp < 0x7f) out += ch;
-    else out += cp > 0xffff ? `\\U${cp.toString(16).padStart(8, "0")}` : `\\u${cp.toString(16).padStart(4, "0")}`;
+    if (cp >= 0x20 && cp < 0x7f) {
+      run += ch === '"' || ch === "\\" ? `\\${ch}` : ch;
+      continue;
+    }
+    if (run) parts.push(`"${run}"`);
+    run = "";
+    parts.push(`"${cls(cp)}"`);
   }
-  return `${out}"`;
+  if (run || !parts.length) parts.push(`"${run}"`);
+  return parts.length === 1 ? parts[0]! : `(${parts.join(" ")})`;
 }
 
 /** A code point inside an EBNF character class. */

@@ -140,6 +140,14 @@ describe("tool-call grammar on a tiny model", () => {
     // A call the grammar must refuse: a required key missing; an undeclared tool.
     expect(await accepts(false, tok.encode(`<|tool_call>call:get_weather{city:${Q}Paris${Q}}<tool_call|>`, { addSpecialTokens: false }))).toBe(false);
     expect(await accepts(false, tok.encode("<|tool_call>call:other{}<tool_call|>", { addSpecialTokens: false }))).toBe(false);
+    // Strings never hold "<|" or "|>" (a spelled-out delimiter would end them early for the text parser).
+    for (const bad of ["a<|b", "a|>b"]) {
+      const t = `<|tool_call>call:get_weather{city:${Q}${bad}${Q},unit:${Q}celsius${Q}}<tool_call|>`;
+      expect(await accepts(false, tok.encode(t, { addSpecialTokens: false }))).toBe(false);
+    }
+    expect(
+      await accepts(false, tok.encode(`<|tool_call>call:get_weather{city:${Q}a<b|c>${Q},unit:${Q}celsius${Q}}<tool_call|>`, { addSpecialTokens: false })),
+    ).toBe(true);
   });
 
   test("a function name or enum the parser cannot read back is a ToolGrammarError", async () => {
