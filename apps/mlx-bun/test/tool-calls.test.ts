@@ -3,7 +3,10 @@
 // one token per step, injected where requests enter the scheduler), so the server's parsing,
 // streaming deltas, finish_reason and the tool-result round trip are what is tested.
 import { join } from "node:path";
+import Anthropic from "@anthropic-ai/sdk";
+import { memory } from "@mlx-bun/mlx-ffi";
 import { Engine, type GenerateRequest, Scheduler } from "@mlx-bun/runtime";
+import Ajv2020 from "ajv/dist/2020.js";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { runPython, runPythonAsync } from "../../../tools/oracle/oracle.ts";
@@ -18,6 +21,7 @@ let engine: Engine;
 let scheduler: Scheduler;
 let srv: RunningServer;
 let client: OpenAI;
+let anthropic: Anthropic;
 /** What the next requests are made to write (FIFO), and every request submitted. */
 let scripts: string[];
 let seen: GenerateRequest[];
@@ -33,6 +37,7 @@ beforeAll(() => {
   seen = sink.seen;
   srv = startServer({ model: engine.loaded, scheduler: sink, modelId: MODEL, port: 0 });
   client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: "not-needed", maxRetries: 0 });
+  anthropic = new Anthropic({ baseURL: srv.url, apiKey: "not-needed", maxRetries: 0 });
 });
 
 afterAll(async () => {
@@ -188,4 +193,205 @@ describe("tool calls and thinking (Gemma 4 markup) through the server", () => {
     const out = JSON.parse(await runPythonAsync(["-c", script, `${srv.url}/v1`, JSON.stringify(TOOLS)])) as Record<string, unknown>;
     expect(out).toEqual({ finish: "tool_calls", content: null, reasoning: "\nNeed the weather.", calls: [["get_weather", ARGS]] });
   });
+});
+
+// tool_choice "required" / a named function, enforced by a grammar (runtime toolCallProcessor): the
+// random-weight model is not scripted here, so every call below is what the grammar let it write.
+// Bounded strings and arrays: a random model ends each value soon.
+const FORCED_TOOLS: OpenAI.ChatCompletionFunctionTool[] = [
+  {
+    type: "function",
+    function: {
+      name: "get_weather",
+      parameters: {
+        type: "object",
+        properties: {
+          city: { type: "string", minLength: 1, maxLength: 5 },
+          unit: { enum: ["celsius", "fahrenheit"] },
+          days: { type: "integer" },
+          hours: { type: "array", items: { type: "number" }, maxItems: 2 },
+        },
+        required: ["city", "unit"],
+      },
+    },
+  },
+  {
+    type: "function",
+    function: { name: "ping", parameters: { type: "object", properties: { loud: { type: "boolean" } }, required: ["loud"] } },
+  },
+];
+const ajv = new Ajv2020({ strict: false });
+const forcedValidators = new Map(FORCED_TOOLS.map((t) => [t.function.name, ajv.compile(t.function.parameters!)]));
+
+function checkForced(calls: { name: string; args: unknown }[], allowed: readonly string[], what: string): void {
+  expect(calls.length, what).toBeGreaterThan(0);
+  for (const c of calls) {
+    expect(allowed, what).toContain(c.name);
+    const v = forcedValidators.get(c.name)!;
+    if (!v(c.args)) throw new Error(`${what}: ${c.name} ${JSON.stringify(c.args)} does not validate: ${ajv.errorsText(v.errors)}`);
+  }
+}
+
+describe("tool_choice required and named functions are enforced (grammar)", () => {
+  const choices: { choice: OpenAI.ChatCompletionToolChoiceOption; allowed: string[] }[] = [
+    { choice: "required", allowed: ["get_weather", "ping"] },
+    { choice: { type: "function", function: { name: "ping" } }, allowed: ["ping"] },
+    { choice: { type: "function", function: { name: "get_weather" } }, allowed: ["get_weather"] },
+  ];
+  const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: "user", content: "Hi there" }];
+
+  test("chat completions, 4 seeds per choice, streamed and not: finish_reason tool_calls, allowed names, arguments valid", async () => {
+    const base = memory.active();
+    for (const { choice, allowed } of choices) {
+      for (let seed = 0; seed < 4; seed++) {
+        const what = `${JSON.stringify(choice)} seed ${seed}`;
+        // Thinking off: a random model in the (free-text) thought channel would not come out of it.
+        const body = {
+          model: MODEL,
+          messages,
+          tools: FORCED_TOOLS,
+          tool_choice: choice,
+          max_tokens: 300,
+          temperature: 1,
+          seed,
+          reasoning_effort: "none" as const,
+        };
+        const r = await client.chat.completions.create(body);
+        const c = r.choices[0]!;
+        expect(c.finish_reason, `${what}: ${JSON.stringify(c.message)}`).toBe("tool_calls");
+        expect(c.message.content, what).toBeNull();
+        checkForced(
+          c.message.tool_calls!.map((t) => {
+            const f = (t as OpenAI.ChatCompletionMessageFunctionToolCall).function;
+            return { name: f.name, args: JSON.parse(f.arguments) };
+          }),
+          allowed,
+          what,
+        );
+        const stream = await client.chat.completions.create({ ...body, seed: seed + 100, stream: true });
+        const calls: { name: string; args: string }[] = [];
+        let finish: string | null = null;
+        for await (const chunk of stream) {
+          const d = chunk.choices[0]?.delta;
+          expect(d?.content ?? "", what).toBe("");
+          for (const tc of d?.tool_calls ?? []) {
+            calls[tc.index] ??= { name: "", args: "" };
+            calls[tc.index]!.name += tc.function?.name ?? "";
+            calls[tc.index]!.args += tc.function?.arguments ?? "";
+          }
+          finish = chunk.choices[0]?.finish_reason ?? finish;
+        }
+        expect(finish, what).toBe("tool_calls");
+        checkForced(
+          calls.map((x) => ({ name: x.name, args: JSON.parse(x.args) })),
+          allowed,
+          `${what} streamed`,
+        );
+      }
+    }
+    // n > 1: every choice its own grammar.
+    const n = await client.chat.completions.create({
+      model: MODEL,
+      messages,
+      tools: FORCED_TOOLS,
+      tool_choice: "required",
+      max_tokens: 300,
+      temperature: 1,
+      seed: 7,
+      n: 3,
+      reasoning_effort: "none",
+    });
+    for (const c of n.choices) expect(c.finish_reason).toBe("tool_calls");
+    expect(memory.active()).toBeLessThanOrEqual(base + 1024);
+  }, 300_000);
+
+  test("Anthropic Messages: tool_choice any and tool, streamed and not: stop_reason tool_use, valid tool_use inputs; disable_parallel_tool_use writes one", async () => {
+    const tools: Anthropic.Tool[] = FORCED_TOOLS.map((t) => ({ name: t.function.name, input_schema: t.function.parameters as Anthropic.Tool.InputSchema }));
+    const anthropicChoices: { choice: Anthropic.ToolChoice; allowed: string[] }[] = [
+      { choice: { type: "any" }, allowed: ["get_weather", "ping"] },
+      { choice: { type: "tool", name: "get_weather" }, allowed: ["get_weather"] },
+      { choice: { type: "any", disable_parallel_tool_use: true }, allowed: ["get_weather", "ping"] },
+    ];
+    for (const { choice, allowed } of anthropicChoices) {
+      for (let k = 0; k < 3; k++) {
+        const what = `${JSON.stringify(choice)} #${k}`;
+        const body = { model: MODEL, max_tokens: 300, tools, tool_choice: choice, messages: [{ role: "user" as const, content: "Hi there" }] };
+        const m = k % 2 ? await anthropic.messages.stream(body).finalMessage() : await anthropic.messages.create(body);
+        expect(m.stop_reason, what).toBe("tool_use");
+        const uses = m.content.filter((b) => b.type === "tool_use");
+        expect(
+          m.content.filter((b) => b.type === "text"),
+          what,
+        ).toEqual([]);
+        if ("disable_parallel_tool_use" in choice) expect(uses, what).toHaveLength(1);
+        checkForced(
+          uses.map((u) => ({ name: u.name, args: u.input })),
+          allowed,
+          what,
+        );
+      }
+    }
+  }, 300_000);
+
+  test("Responses: tool_choice required and a named function, streamed and not: function_call items only, valid arguments", async () => {
+    const tools: OpenAI.Responses.FunctionTool[] = FORCED_TOOLS.map((t) => ({
+      type: "function",
+      name: t.function.name,
+      parameters: t.function.parameters!,
+      strict: false,
+    }));
+    const responseChoices: { choice: OpenAI.Responses.ResponseCreateParams["tool_choice"]; allowed: string[] }[] = [
+      { choice: "required", allowed: ["get_weather", "ping"] },
+      { choice: { type: "function", name: "ping" }, allowed: ["ping"] },
+    ];
+    for (const { choice, allowed } of responseChoices) {
+      for (let k = 0; k < 3; k++) {
+        const what = `${JSON.stringify(choice)} #${k}`;
+        const body = { model: MODEL, input: "Hi there", tools, tool_choice: choice, max_output_tokens: 300, reasoning: { effort: "none" as const } };
+        const r = k % 2 ? await client.responses.stream(body).finalResponse() : await client.responses.create(body);
+        expect(r.status, what).toBe("completed");
+        expect(
+          r.output.map((o) => o.type),
+          what,
+        ).toEqual(r.output.map(() => "function_call"));
+        checkForced(
+          r.output.map((o) => {
+            const f = o as OpenAI.Responses.ResponseFunctionToolCall;
+            return { name: f.name, args: JSON.parse(f.arguments) };
+          }),
+          allowed,
+          what,
+        );
+      }
+    }
+  }, 300_000);
+
+  test("thinking on: the model may think first, then must call (scripted thought + call through the grammar); a name Gemma 4 cannot write is a 400", async () => {
+    // The script's mask and the grammar's both apply: the script goes through only if the grammar allows every token.
+    scripts.push("<|channel>thought\nI should ping.<channel|><|tool_call>call:ping{loud:true}<tool_call|>");
+    const r = await client.chat.completions.create({
+      model: MODEL,
+      messages,
+      tools: FORCED_TOOLS,
+      tool_choice: { type: "function", function: { name: "ping" } },
+      max_tokens: 100,
+      temperature: 0,
+      reasoning_effort: "high",
+    });
+    const c = r.choices[0]!;
+    expect(seen.at(-1)!.promptIds.at(-1)).not.toBe(engine.loaded.tokenizer.tokenToId("<channel|>"));
+    expect(c.finish_reason).toBe("tool_calls");
+    expect((c.message as { reasoning_content?: string }).reasoning_content).toBe("\nI should ping.");
+    const f = (c.message.tool_calls![0] as OpenAI.ChatCompletionMessageFunctionToolCall).function;
+    expect([f.name, JSON.parse(f.arguments)]).toEqual(["ping", { loud: true }]);
+    const bad = await fetch(`${srv.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ messages, tools: [{ type: "function", function: { name: "a.b", parameters: { type: "object" } } }], tool_choice: "required" }),
+    });
+    expect(bad.status).toBe(400);
+    const err = ((await bad.json()) as { error: { param: string; message: string } }).error;
+    expect(err.param).toBe("tools");
+    expect(err.message).toContain("a.b");
+  }, 300_000);
 });

@@ -458,7 +458,8 @@ export class AnthropicApi {
   async messages(req: Request, r: AnthropicRequest): Promise<Response> {
     const tok = this.core.opts.model.tokenizer;
     const budget = r.thinking?.budget !== undefined ? thinkingBudget(tok, r.thinking.budget) : null;
-    const sub = this.core.submit(req, r.parsed, budget ? { logitsProcessors: [budget] } : {});
+    const choiceProcessors = await this.core.grammars(r.parsed, { parallelToolCalls: !r.oneToolCall });
+    const sub = this.core.submit(req, r.parsed, { ...(budget ? { logitsProcessors: [budget] } : {}), ...(choiceProcessors ? { choiceProcessors } : {}) });
     const msg = new MessageWriter(r, sub, tok);
     if (r.stream) return sseResponse(this.core, req, sub, msg.events(), (e) => sse("error", anthropicError(toApiError(e))));
     try {

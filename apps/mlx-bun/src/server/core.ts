@@ -2,7 +2,7 @@
 // body reading and API-key check, and the one request pipeline every chat endpoint goes through
 // (chat template → prompt ids → GenerateRequest → scheduler), plus the server-sent-events
 // plumbing of one streamed turn. The OpenAI endpoints of http.ts use the same `submit`.
-import type { GenerationStream, LogitsProcessor } from "@mlx-bun/runtime";
+import type { GenerationStream, GrammarProcessor, LogitsProcessor } from "@mlx-bun/runtime";
 import type { ServerOptions } from "./server-options.ts";
 import type { ParsedRequest, ValidationContext } from "./validate.ts";
 
@@ -37,6 +37,12 @@ export interface ServerCore {
   readBody(req: Request): Promise<string>;
   /** The prompt ids of a parsed request (chat template with tools and kwargs). */
   promptIds(p: ParsedRequest): number[];
+  /**
+   * The grammar processors of each choice (pass as `choiceProcessors`): response_format's, or a
+   * forced tool call's (tool_choice "required" / a named function); undefined when none applies.
+   * `parallelToolCalls` false: the turn is exactly one call.
+   */
+  grammars(p: ParsedRequest, o?: { parallelToolCalls?: boolean }): Promise<GrammarProcessor[][] | undefined>;
   /** Build the GenerateRequest(s) of a parsed request and submit them to the scheduler. */
   submit(req: Request, p: ParsedRequest, extra?: SubmitExtras): Submission;
   /**

@@ -13,6 +13,7 @@ import {
   grammarProcessor,
   type GrammarProcessor,
   resolveSampling,
+  toolCallProcessor,
 } from "@mlx-bun/runtime";
 import { chatPromptCheckpoints, chatPromptIds, rawPromptIds } from "../prompt.ts";
 import { VERSION } from "../version.ts";
@@ -20,6 +21,7 @@ import { AnthropicApi } from "./anthropic.ts";
 import { ChatOutput, type OutputDelta, type OutputToolCall } from "./chat-output.ts";
 import type { ServerCore, SubmitExtras, Submission } from "./core.ts";
 import { ApiError, toApiError } from "./errors.ts";
+import { expandPromptImages, loadRequestImages } from "./images.ts";
 import type { RequestSink, ServerOptions } from "./server-options.ts";
 import { BodyError, bunIdleTimeout, DEFAULT_LIMITS, decodePathSegment, readBodyText, requestPath, type ServerLimits } from "./limits.ts";
 import { ServerMetrics } from "./metrics.ts";
@@ -36,6 +38,7 @@ import {
   parseJsonBody,
   type RequestDefaults,
   toGenerateRequest,
+  toolSpecs,
   type ValidationContext,
 } from "./validate.ts";
 import { DEFAULT_WEB_DIR, WebChat } from "./web.ts";
@@ -296,8 +299,11 @@ class App implements ServerCore {
     if (p.kind === "completion") return typeof p.prompt === "string" ? rawPromptIds(m, p.prompt) : p.prompt;
     const kwargs = { ...this.opts.chatTemplateArgs, ...p.chatTemplateKwargs };
     try {
-      return chatPromptIds(m, p.messages, { tools: p.tools, kwargs, roleMapping: p.roleMapping, timeoutMs: this.limits.templateTimeoutMs });
+      const ids = chatPromptIds(m, p.messages, { tools: p.tools, kwargs, roleMapping: p.roleMapping, timeoutMs: this.limits.templateTimeoutMs });
+      // Each image placeholder becomes its image's soft tokens (server/images.ts).
+      return p.images?.length && this.opts.images ? expandPromptImages(ids, p.images, this.opts.images.tokens) : ids;
     } catch (e) {
+      if (e instanceof ApiError) throw e;
       // A template that loops too long: stopped by its time budget (--template-timeout).
       if (e instanceof TemplateTimeoutError) throw new ApiError(400, `chat template: ${e.message}`, "messages", "chat_template_timeout");
       // The template rejects the conversation (e.g. its raise_exception on a bad role order).
@@ -337,8 +343,9 @@ class App implements ServerCore {
       } catch (e) {
         throw new ApiError(400, (e as Error).message, null, "invalid_value");
       }
+      if (p.kind === "chat" && p.images?.length) greq.images = p.images;
+      else if (p.kind === "chat") greq.cacheCheckpoints = this.promptCheckpoints(p, promptIds);
       if (p.kind === "chat") {
-        greq.cacheCheckpoints = this.promptCheckpoints(p, promptIds);
         const toolCall = this.opts.model.tokenizer.tokenToId(GEMMA4_MARKERS.toolCallStart);
         // tool_choice "none": the model cannot open a tool call.
         if (p.toolChoice.type === "none" && toolCall !== undefined) greq.logitsProcessors = [...(greq.logitsProcessors ?? []), banTokens([toolCall])];
@@ -367,22 +374,42 @@ class App implements ServerCore {
     return { streams, promptIds, abort, done };
   }
 
-  /** response_format: one grammar processor per choice (a 400 naming the schema feature it cannot enforce). */
-  async grammars(p: ParsedRequest): Promise<GrammarProcessor[][] | undefined> {
-    if (p.kind !== "chat" || !p.responseFormat) return undefined;
+  /**
+   * One grammar processor per choice: response_format's (a 400 naming the schema feature it cannot
+   * enforce), or tool_choice "required" / a named function's (the turn must be tool calls).
+   */
+  async grammars(p: ParsedRequest, o: { parallelToolCalls?: boolean } = {}): Promise<GrammarProcessor[][] | undefined> {
+    if (p.kind !== "chat") return undefined;
+    const tok = this.opts.model.tokenizer;
+    let make: () => Promise<GrammarProcessor>;
+    let param: string;
+    if (p.responseFormat) {
+      const format = p.responseFormat;
+      make = () => grammarProcessor(tok, format);
+      param = "response_format";
+    } else if (p.toolChoice.type === "required" || p.toolChoice.type === "function") {
+      const tools = toolSpecs(p.tools, p.toolChoice);
+      // The model may think first unless the prompt closed the thought channel (thinking off).
+      const promptIds = this.promptIds(p);
+      const thinking = promptIds.at(-1) !== tok.tokenToId(GEMMA4_MARKERS.thoughtEnd);
+      make = () => toolCallProcessor(tok, { tools, thinking, parallel: o.parallelToolCalls ?? true }, { promptTokens: promptIds.length });
+      param = "tool_choice";
+    } else return undefined;
     const out: GrammarProcessor[][] = [];
     try {
-      for (let i = 0; i < p.n; i++) out.push([await grammarProcessor(this.opts.model.tokenizer, p.responseFormat)]);
+      for (let i = 0; i < p.n; i++) out.push([await make()]);
     } catch (e) {
       for (const g of out) g.forEach((x) => x.dispose());
       const err = e as Error;
-      if (err.name === "SchemaError" || err.name === "RequestError") throw new ApiError(400, err.message, "response_format", "invalid_value");
+      if (err.name === "SchemaError" || err.name === "RequestError") throw new ApiError(400, err.message, param, "invalid_value");
+      if (err.name === "ToolGrammarError") throw new ApiError(400, `tool_choice cannot be enforced: ${err.message}`, "tools", "invalid_value");
       throw e;
     }
     return out;
   }
 
   async complete(req: Request, p: ParsedRequest): Promise<Response> {
+    if (p.kind === "chat") p.images = await loadRequestImages(p.messages, this.opts.images, this.opts.modelId);
     const choiceProcessors = await this.grammars(p);
     const { streams, promptIds, abort, done } = this.submit(req, p, choiceProcessors ? { choiceProcessors } : {});
     const meta: ResponseMeta = {

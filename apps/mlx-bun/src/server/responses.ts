@@ -459,7 +459,8 @@ export class ResponsesApi {
   }
 
   async create(req: Request, r: ResponsesRequest): Promise<Response> {
-    const sub = this.core.submit(req, r.parsed);
+    const choiceProcessors = await this.core.grammars(r.parsed, { parallelToolCalls: !r.oneToolCall });
+    const sub = this.core.submit(req, r.parsed, choiceProcessors ? { choiceProcessors } : {});
     const w = new ResponseWriter(
       r,
       sub,
