@@ -13,6 +13,10 @@
         the last position ("prefill_logits", [vocab]) with mm_token_type_ids as the processor gives
         them; then N greedy decode steps through the language model's cache ("tokens",
         "step_logits" [N, vocab]).
+    gemma4_vision_oracle.py generate CKPT REQUEST.json
+        mlx_vlm.generate's stream_generate (greedy, temperature 0) on the prompt of REQUEST's
+        messages (processor.apply_chat_template) with its images and "max_tokens": prints JSON
+        {"prompt": text, "tokens": [...]} (the generated ids, as mlx_vlm.generate runs them).
 """
 
 from __future__ import annotations
@@ -91,10 +95,26 @@ def run(ckpt, out, request_path):
     mx.save_safetensors(out, result, metadata={"prompt": prompt})
 
 
+def generate(ckpt, request_path):
+    from mlx_vlm.generate import stream_generate
+
+    req = json.loads(open(request_path).read())
+    model, processor = load(ckpt)
+    prompt = processor.apply_chat_template(req["messages"], add_generation_prompt=True)
+    images = req.get("images") or None
+    toks = []
+    for r in stream_generate(model, processor, prompt, image=images, max_tokens=int(req["max_tokens"]), temperature=0.0):
+        if r.token is not None:
+            toks.append(int(r.token))
+    print(json.dumps({"prompt": prompt, "tokens": toks}))
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "pixels":
         pixels(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif cmd == "generate":
+        generate(sys.argv[2], sys.argv[3])
     elif cmd == "run":
         run(sys.argv[2], sys.argv[3], sys.argv[4])
     else:

@@ -4,7 +4,7 @@ import { basename } from "node:path";
 import { MlxError, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, KVCache, plainCodec, QuantizeAfterKVCache } from "@mlx-bun/kv-cache";
-import { checkKvMode, type KvMode, kvModeName, type LoadedModel, loadModel, parseKvMode } from "@mlx-bun/models";
+import { checkKvMode, type ForwardInputs, Gemma4Vision, type KvMode, kvModeName, type LoadedModel, loadModel, parseKvMode } from "@mlx-bun/models";
 import { prefillChunk } from "./batch-prefill.ts";
 import type { StepModel } from "./distributed.ts";
 import type { GenerationEngine, PrefillProgress, RunOptions } from "./engine-contract.ts";
@@ -44,6 +44,8 @@ export class Engine implements GenerationEngine, Disposable {
   readonly #model: StepModel;
   /** generate(): one request at a time, queued FIFO. */
   #alone: Scheduler | undefined;
+  /** The vision tower: undefined until first asked for, null when the checkpoint has none. */
+  #vision: Gemma4Vision | null | undefined;
 
   constructor(
     readonly loaded: LoadedModel,
@@ -102,6 +104,23 @@ export class Engine implements GenerationEngine, Disposable {
     return this.#model.forward(ids, caches);
   }
 
+  /** The checkpoint's vision tower, loaded on first use (the engine owns it); null when it has none. */
+  vision(): Gemma4Vision | null {
+    if (this.#vision === undefined) {
+      if (this.#model !== this.loaded.model)
+        throw new MlxError("images: this engine runs its steps through another model (tensor parallel), which takes no images");
+      this.#vision = Gemma4Vision.load(this.loaded.dir, this.loaded.config);
+    }
+    return this.#vision;
+  }
+
+  /** Logits [B, L, V] of a forward step with media inputs (images' soft tokens and masks); the loaded model only. */
+  forwardWith(ids: MlxArray, caches: Cache[], inputs: ForwardInputs): MlxArray {
+    if (this.#model !== this.loaded.model)
+      throw new MlxError("images: this engine runs its steps through another model (tensor parallel), which takes no images");
+    return this.loaded.model.forward(ids, caches, inputs);
+  }
+
   /** Logits and the pre-norm hidden state of a forward step (MTP drafters read it); the loaded model only. */
   forwardHidden(ids: MlxArray, caches: Cache[]): { hidden: MlxArray; logits: MlxArray } {
     if (this.#model !== this.loaded.model)
@@ -133,6 +152,8 @@ export class Engine implements GenerationEngine, Disposable {
   }
 
   dispose(): void {
+    this.#vision?.dispose();
+    this.#vision = undefined;
     this.loaded.dispose();
   }
 

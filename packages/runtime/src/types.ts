@@ -1,5 +1,6 @@
 // The request/response shapes shared by the generator, the scheduler and the app.
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
+import type { PreprocessedImage } from "@mlx-bun/models";
 
 /** Sampling settings of one request (OpenAI / mlx_lm.server names in the comments). */
 export interface SamplingParams {
@@ -102,6 +103,12 @@ export interface GenerateRequest {
    * loaded (default: the server's or decoder's setting); 0 = plain decoding for this request.
    */
   numDraftTokens?: number;
+  /**
+   * Images of the prompt, in order (preprocessed: @mlx-bun/models' preprocessImage). The prompt
+   * holds each image's soft-token run already (expandImageTokens). Such a request is prefilled
+   * alone, in one chunk, and bypasses the prompt cache and speculative decoding (images.ts).
+   */
+  images?: PreprocessedImage[];
 }
 
 /** Speculative decoding counts of one request: drafted tokens and how many the target kept. */
