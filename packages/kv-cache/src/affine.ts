@@ -3,6 +3,7 @@ import { itemSize, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { checkKv, type KvCodec, PlanesView } from "./codec.ts";
 import { affineDecodeAttention } from "./kernels/affine-decode.ts";
+import { prefillTakesSdpa, sdpaOverDecoded } from "./prefill-attention.ts";
 import type { QuantTriple } from "./quant-triple.ts";
 import { type Mask, fail } from "./types.ts";
 
@@ -174,6 +175,12 @@ export function affineCodec(bits = 8, groupSize = 64, queryTile = DEFAULT_QUERY_
         // Decode steps take the fused kernels where a GPU backend is live (null elsewhere).
         const fused = affineDecodeAttention(q, k, v, scale, mask, bits);
         if (fused) return fused;
+        // Prefill chunks: fast SDPA over the dequantized planes (docs/kv-prefill.md), unless exact.
+        if (prefillTakesSdpa(q)) {
+          using keys = mx.dequantize(kw!, ks!, kb!, opts);
+          using values = mx.dequantize(vw!, vs!, vb!, opts);
+          return sdpaOverDecoded(q, keys, values, scale, mask);
+        }
         return tiledAttention(q, kw!.shape[2]!, mask, queryTile, (qt, m) => quantizedAttention(qt, k, v, scale, m, groupSize, bits));
       }),
     bytesPerToken: (s) => {

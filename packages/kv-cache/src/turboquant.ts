@@ -6,7 +6,9 @@ import { quantizedKeyAttention, tiledAttention, DEFAULT_QUERY_TILE } from "./aff
 import { checkKv, type KvCodec, PlanesView } from "./codec.ts";
 import { turboDecodeAttention } from "./kernels/turbo-decode.ts";
 import { turboValues } from "./kernels/turbo-values.ts";
-import { fail } from "./types.ts";
+import { prefillTakesSdpa, sdpaOverDecoded } from "./prefill-attention.ts";
+import type { QuantTriple } from "./quant-triple.ts";
+import { type Mask, fail } from "./types.ts";
 
 const tq = mx.turboquant;
 
@@ -67,6 +69,12 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
   /** Rotated values [B, H, T, D] (in the scale dtype) from the value planes: one kernel on a GPU. */
   const rotatedValues = (packed: MlxArray, vscale: MlxArray, d: number): MlxArray => turboValues(packed, vscale, tablesFor(d, vscale.dtype).centroids);
 
+  const sdpaOverKeys = (q: MlxArray, k: QuantTriple, values: MlxArray, scale: number, mask: Mask): MlxArray => {
+    using keys = mx.dequantize(k.w, k.scales, k.biases, kq);
+    using v = mx.astype(values, keys.dtype);
+    return sdpaOverDecoded(q, keys, v, scale, mask);
+  };
+
   return {
     // The seed decides the value rotation, so it is part of the signature (left out at 0).
     name: `kv:turboquant:${kBits}:${vBits}${seed ? `:s${seed}` : ""}`,
@@ -120,13 +128,17 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
         }
         using vr = rotatedValues(packed!, vscale!, dv);
         using values = deferredV ? vr.retain() : unrotate(vr, dv, vr.dtype);
-        const out = tiledAttention(q, kw!.shape[2]!, mask, queryTile, (qt, m) =>
-          quantizedKeyAttention(qt, k, scale, m, TURBO_K_GROUP, kBits, (probs, nRep) => {
-            using vv = nRep > 1 ? mx.expand_dims(values, -3) : values.retain();
-            using pv = mx.astype(probs, vv.dtype);
-            return mx.matmul(pv, vv);
-          }),
-        );
+        // Prefill chunks: fast SDPA over the dequantized keys and the decoded values (still
+        // rotated when deferred: attention is linear in V), unless exact (docs/kv-prefill.md).
+        const out = prefillTakesSdpa(q)
+          ? sdpaOverKeys(q, k, values, scale, mask)
+          : tiledAttention(q, kw!.shape[2]!, mask, queryTile, (qt, m) =>
+              quantizedKeyAttention(qt, k, scale, m, TURBO_K_GROUP, kBits, (probs, nRep) => {
+                using vv = nRep > 1 ? mx.expand_dims(values, -3) : values.retain();
+                using pv = mx.astype(probs, vv.dtype);
+                return mx.matmul(pv, vv);
+              }),
+            );
         if (!deferredV) return out;
         using o = out;
         return unrotate(o, dv, o.dtype);

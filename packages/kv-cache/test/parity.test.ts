@@ -8,6 +8,9 @@ import { exactDiff } from "../../../tools/oracle/compare.ts";
 // Parity is with mlx-lm's unfused algorithm; where a GPU backend is live, decode steps would
 // take the fused kernels instead (tested against it in decode-kernels.test.ts).
 process.env.MLX_BUN_KERNELS = "reference";
+// Prefill chunks too run on the exact path (mlx-lm's quantized-matmul attention), not on SDPA over
+// the dequantized planes (prefill-sdpa.test.ts ties that one to this path).
+process.env.MLX_BUN_KV_PREFILL = "exact";
 
 const B = 1;
 const H = 2;

@@ -9,6 +9,10 @@ import { runPython } from "../../../tools/oracle/oracle.ts";
 import { maxAbsDiff } from "../../../tools/oracle/compare.ts";
 import { MAKER, ROOT } from "./helpers.ts";
 
+// Parity with mlx-lm runs on the exact path: prefill chunks over a quantized cache attend with
+// mlx-lm's quantized-matmul attention, not SDPA over the dequantized planes (docs/kv-prefill.md).
+process.env.MLX_BUN_KV_PREFILL = "exact";
+
 const dir = mkdtempSync(join(tmpdir(), "mlxb-fwd-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 

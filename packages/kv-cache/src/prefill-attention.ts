@@ -1,0 +1,58 @@
+// Prefill chunks over an affine or TurboQuant cache: fast SDPA over the dequantized planes (the
+// default), or mlx-lm's quantized-matmul attention (the exact path, today's token behaviour).
+// docs/kv-prefill.md has the reasoning and the measurements.
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import type { Mask } from "./types.ts";
+
+/**
+ * How a quantized view attends a chunk of at least `PREFILL_SDPA_MIN_QUERIES` query tokens:
+ * "sdpa" (default) dequantizes the fetched planes (the past and the chunk, as stored) and runs
+ * `fast.scaled_dot_product_attention`, the kernel a bf16 cache uses; "exact" keeps mlx-lm's
+ * quantized_matmul attention op for op (the path every parity test runs on).
+ */
+export type KvPrefillSetting = "sdpa" | "exact";
+
+/**
+ * Query tokens from which a chunk takes the SDPA path. Below it (decode steps, speculative
+ * verification of a few drafted tokens) the cost of writing a dequantized copy of the whole
+ * cache is not repaid by the faster attention, so short chunks stay on the quantized path.
+ */
+export const PREFILL_SDPA_MIN_QUERIES = 32;
+
+let setting: KvPrefillSetting | undefined;
+
+function envSetting(): KvPrefillSetting {
+  const v = process.env.MLX_BUN_KV_PREFILL;
+  if (v === undefined || v === "" || v === "sdpa") return "sdpa";
+  if (v === "exact") return "exact";
+  throw new Error(`MLX_BUN_KV_PREFILL=${v}: expected sdpa or exact`);
+}
+
+/**
+ * Choose the prefill attention of the quantized KV views for this process: "sdpa" or "exact"
+ * (see KvPrefillSetting). `undefined` goes back to MLX_BUN_KV_PREFILL (default "sdpa").
+ */
+export function setKvPrefill(s: KvPrefillSetting | undefined): void {
+  if (s !== undefined && s !== "sdpa" && s !== "exact") throw new Error(`setKvPrefill: expected "sdpa" or "exact", got ${String(s)}`);
+  setting = s;
+}
+
+/** The prefill attention in effect now. */
+export function kvPrefill(): KvPrefillSetting {
+  return setting ?? envSetting();
+}
+
+/** Whether a chunk of `q` [B, Hq, L, D] takes the SDPA path now. */
+export function prefillTakesSdpa(q: MlxArray): boolean {
+  return q.shape[2]! >= PREFILL_SDPA_MIN_QUERIES && kvPrefill() === "sdpa";
+}
+
+/**
+ * softmax(scale · q Kᵀ + mask) V by fast SDPA, with `keys` and `values` the dequantized planes
+ * [B, Hkv, T, D] in the queries' dtype (GQA as SDPA does it). The mask is the view's: "causal"
+ * (bottom-right), a boolean or additive array, or null.
+ */
+export function sdpaOverDecoded(q: MlxArray, keys: MlxArray, values: MlxArray, scale: number, mask: Mask): MlxArray {
+  return mx.fast.scaled_dot_product_attention(q, keys, values, { scale, mask });
+}
