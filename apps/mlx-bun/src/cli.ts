@@ -159,6 +159,7 @@ addLogLevelOption(
   .option("--any-model", "accept any 'model' name in requests (default: 404 for a name other than the served one)")
   .option("--no-log", "no request log on stderr")
   .option("--no-web", "no web chat page at / (the API only)")
+  .option("--allow-remote-images", "fetch http(s) image_url parts (default: refused with a 400; data: URLs and local files work)")
   .action((o) => exitWith(import("./commands/serve.ts").then((m) => m.runServe(o))));
 
 addKvQuantOptions(

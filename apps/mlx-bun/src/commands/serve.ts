@@ -8,6 +8,7 @@ import { loadDraft, loadEngine, noteNoOps } from "../load.ts";
 import type { DraftOptions, ModelOptions, SamplingOptions } from "../options.ts";
 import { UsageError } from "../options.ts";
 import { startServer } from "../server/http.ts";
+import { imageSupportFor } from "../server/images.ts";
 import { loadCacheFile } from "./prompt-cache-file.ts";
 
 export interface ServeOptions extends ModelOptions, SamplingOptions, DraftOptions {
@@ -47,6 +48,8 @@ export interface ServeOptions extends ModelOptions, SamplingOptions, DraftOption
   log: boolean;
   /** false (--no-web): no chat page at "/". */
   web?: boolean;
+  /** --allow-remote-images: fetch http(s) image_url parts (default: a 400). */
+  allowRemoteImages?: boolean;
 }
 
 const say = (l: string): void => void process.stderr.write(`mlx-bun serve: ${l}\n`);
@@ -96,6 +99,7 @@ export async function runServe(o: ServeOptions): Promise<number> {
     scheduler,
     ...serverSettings(o, model, engine),
     ...(o.draftModel ? { draftModel: o.draftModel } : {}),
+    images: imageSupportFor(engine.loaded, { allowRemote: o.allowRemoteImages === true }),
     ...(logsRequests(o) ? { log: (l: string) => process.stderr.write(`${new Date().toISOString()} ${l}\n`) } : {}),
   });
   // One line tests and scripts can wait for (with the real port when --port 0).

@@ -21,6 +21,7 @@ import { AnthropicApi } from "./anthropic.ts";
 import { ChatOutput, type OutputDelta, type OutputToolCall } from "./chat-output.ts";
 import type { ServerCore, SubmitExtras, Submission } from "./core.ts";
 import { ApiError, toApiError } from "./errors.ts";
+import { expandPromptImages, loadRequestImages } from "./images.ts";
 import type { RequestSink, ServerOptions } from "./server-options.ts";
 import { BodyError, bunIdleTimeout, DEFAULT_LIMITS, decodePathSegment, readBodyText, requestPath, type ServerLimits } from "./limits.ts";
 import { ServerMetrics } from "./metrics.ts";
@@ -298,8 +299,11 @@ class App implements ServerCore {
     if (p.kind === "completion") return typeof p.prompt === "string" ? rawPromptIds(m, p.prompt) : p.prompt;
     const kwargs = { ...this.opts.chatTemplateArgs, ...p.chatTemplateKwargs };
     try {
-      return chatPromptIds(m, p.messages, { tools: p.tools, kwargs, roleMapping: p.roleMapping, timeoutMs: this.limits.templateTimeoutMs });
+      const ids = chatPromptIds(m, p.messages, { tools: p.tools, kwargs, roleMapping: p.roleMapping, timeoutMs: this.limits.templateTimeoutMs });
+      // Each image placeholder becomes its image's soft tokens (server/images.ts).
+      return p.images?.length && this.opts.images ? expandPromptImages(ids, p.images, this.opts.images.tokens) : ids;
     } catch (e) {
+      if (e instanceof ApiError) throw e;
       // A template that loops too long: stopped by its time budget (--template-timeout).
       if (e instanceof TemplateTimeoutError) throw new ApiError(400, `chat template: ${e.message}`, "messages", "chat_template_timeout");
       // The template rejects the conversation (e.g. its raise_exception on a bad role order).
@@ -339,8 +343,9 @@ class App implements ServerCore {
       } catch (e) {
         throw new ApiError(400, (e as Error).message, null, "invalid_value");
       }
+      if (p.kind === "chat" && p.images?.length) greq.images = p.images;
+      else if (p.kind === "chat") greq.cacheCheckpoints = this.promptCheckpoints(p, promptIds);
       if (p.kind === "chat") {
-        greq.cacheCheckpoints = this.promptCheckpoints(p, promptIds);
         const toolCall = this.opts.model.tokenizer.tokenToId(GEMMA4_MARKERS.toolCallStart);
         // tool_choice "none": the model cannot open a tool call.
         if (p.toolChoice.type === "none" && toolCall !== undefined) greq.logitsProcessors = [...(greq.logitsProcessors ?? []), banTokens([toolCall])];
@@ -404,6 +409,7 @@ class App implements ServerCore {
   }
 
   async complete(req: Request, p: ParsedRequest): Promise<Response> {
+    if (p.kind === "chat") p.images = await loadRequestImages(p.messages, this.opts.images, this.opts.modelId);
     const choiceProcessors = await this.grammars(p);
     const { streams, promptIds, abort, done } = this.submit(req, p, choiceProcessors ? { choiceProcessors } : {});
     const meta: ResponseMeta = {

@@ -1,6 +1,7 @@
 // The server's options and what it needs of the model and the scheduler (shared by http.ts and the endpoint files).
 import type { ChatTemplate, Gemma4Tokenizer } from "@mlx-bun/models";
 import type { GenerateRequest, GenerationStream } from "@mlx-bun/runtime";
+import type { ImageSupport } from "./images.ts";
 import type { ServerLimits } from "./limits.ts";
 import type { RequestDefaults } from "./validate.ts";
 
@@ -49,6 +50,8 @@ export interface ServerOptions {
   webDir?: string | null;
   /** The KV cache mode /health reports (the engine's kvModeName, e.g. "bf16"). */
   kvMode?: string;
+  /** Image input (image_url parts): the model's image settings (server/images.ts imageSupportFor); null or absent: a 400 for images. */
+  images?: ImageSupport | null;
   /** The draft model of speculative decoding (--draft-model), if any: /health then reports acceptance totals. */
   draftModel?: string;
 }

@@ -2,9 +2,10 @@
 // of mlx_lm.server (mlx_lm/server.py do_POST / validate_model_parameters). No model is needed
 // here: what depends on the model (vocabulary size, accepted model names, context length) comes in
 // as plain numbers and strings, so every bad request can be unit-tested on its own.
-import type { ChatMessage } from "@mlx-bun/models";
+import type { ChatMessage, PreprocessedImage } from "@mlx-bun/models";
 import type { GenerateRequest, SamplingParams, StructuredFormat, ToolSpec } from "@mlx-bun/runtime";
 import { ApiError, badField } from "./errors.ts";
+import { type ImageItem, imagePart } from "./images.ts";
 
 /** Server-wide defaults (mlx_lm.server's --max-tokens, --temp, --top-p, --top-k, --min-p; XTC is ours). */
 export interface RequestDefaults {
@@ -54,6 +55,8 @@ export interface ParsedCommon {
 export interface ParsedChat extends ParsedCommon {
   kind: "chat";
   messages: ChatMessage[];
+  /** The images of image_url parts, read and preprocessed (server/images.ts), in prompt order. */
+  images?: PreprocessedImage[];
   /** Tool schemas passed to the chat template (null when none). */
   tools: unknown[] | null;
   chatTemplateKwargs: Record<string, unknown> | null;
@@ -330,19 +333,20 @@ function parseMessages(v: unknown): ChatMessage[] {
     if (typeof m.role !== "string" || !m.role)
       throw badField(`${p}.role`, `${p}.role must be a non-empty string`, typeof m.role === "string" ? "invalid_value" : "invalid_type");
     const out: ChatMessage = { ...m, role: m.role };
-    // content: a string, null, or a list of text parts (joined, as mlx_lm.server's process_message_content).
+    // content: a string, null, or a list of text parts (joined, as mlx_lm.server's process_message_content);
+    // with image_url parts, the list of the template's items (text and image: server/images.ts).
     const c = m.content;
     if (c === undefined || c === null) out.content = "";
     else if (Array.isArray(c)) {
-      out.content = c
-        .map((part, j) => {
-          const pp = `${p}.content[${j}]`;
-          if (!isObject(part)) throw badField(pp, `${pp} must be an object`, "invalid_type");
-          if (part.type !== "text") throw unsupported(pp, `${pp}: only 'text' content parts are supported, got ${JSON.stringify(part.type)}`);
-          if (typeof part.text !== "string") throw badField(`${pp}.text`, `${pp}.text must be a string`, "invalid_type");
-          return part.text;
-        })
-        .join("");
+      const parts = c.map((part, j): string | ImageItem => {
+        const pp = `${p}.content[${j}]`;
+        if (!isObject(part)) throw badField(pp, `${pp} must be an object`, "invalid_type");
+        if (part.type === "image_url") return imagePart(pp, part);
+        if (part.type !== "text") throw unsupported(pp, `${pp}: only 'text' and 'image_url' content parts are supported, got ${JSON.stringify(part.type)}`);
+        if (typeof part.text !== "string") throw badField(`${pp}.text`, `${pp}.text must be a string`, "invalid_type");
+        return part.text;
+      });
+      out.content = parts.every((x) => typeof x === "string") ? parts.join("") : parts.map((x) => (typeof x === "string" ? { type: "text", text: x } : x));
     } else if (typeof c !== "string")
       throw badField(`${p}.content`, `${p}.content must be a string, a list of text parts or null, got ${typeName(c)}`, "invalid_type");
     // Tool-call arguments sent as JSON strings reach the template as objects (mlx_lm.server does the same).
