@@ -113,8 +113,10 @@ const vocab = base.loaded.config.text.vocabSize;
 const rows: { variant: string; length: number; tokPerS: number[]; peakBytes: number }[] = [];
 log(`model ${MODEL}, device ${defaultDevice()}, lengths ${LENGTHS.join("/")}, step ${STEP}, reps ${REPS}, variants ${VARIANTS.map((v) => v.name).join(", ")}`);
 {
-  // Warm-up: one short prefill per variant (kernel compilation on a GPU, first-use allocations).
-  const warm = syntheticPrompt(Math.min(STEP, 512) + 64, 1, vocab);
+  // Warm-up: one chunk per variant (kernel compilation on a GPU, first-use allocations). A whole
+  // chunk, so the exact path's query tiles are full: on CUDA, MLX 0.32.4's quantized_matmul has no
+  // kernel for a 64-row tile at head dim 512 ("No implementation for problem shape 64x576x512x16").
+  const warm = syntheticPrompt(STEP, 1, vocab);
   for (const v of VARIANTS) prefillOnce(v, warm);
 }
 for (const n of LENGTHS) {
