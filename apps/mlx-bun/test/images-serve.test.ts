@@ -60,8 +60,10 @@ async function post(url: string, content: unknown[], extra: Record<string, unkno
 }
 
 describe("image_url parts", () => {
-  // Skipped: the server renders 105 prompt tokens where mlx-vlm renders 102 (template defaults differ; not resolved yet).
-  test.skip("the Python openai client: greedy tokens equal mlx-vlm's for the same image and prompt", async () => {
+  // The server renders Gemma 4 prompts with enable_thinking on by default (as mlx_lm.server: the
+  // vocabulary has thinking markers); mlx-vlm's processor leaves it off. The request turns it off,
+  // so both render the same prompt.
+  test("the Python openai client: greedy tokens equal mlx-vlm's for the same image and prompt", async () => {
     const req = join(tmp.path, "req.json");
     writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content: [{ type: "image" }, { type: "text", text: TEXT }] }], images: [png], steps: N }));
     const out = join(tmp.path, "ref.safetensors");
@@ -72,6 +74,7 @@ describe("image_url parts", () => {
 from openai import OpenAI
 c = OpenAI(base_url=sys.argv[1], api_key="x", max_retries=0)
 r = c.chat.completions.create(model="tiny", max_tokens=${N}, temperature=0, logprobs=True,
+    extra_body={"chat_template_kwargs": {"enable_thinking": False}},
     messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": sys.argv[2]}}, {"type": "text", "text": ${JSON.stringify(TEXT)}}]}])
 print(json.dumps({"tokens": [t.token for t in r.choices[0].logprobs.content], "usage": r.usage.model_dump()}))`;
     const got = JSON.parse(await runPythonAsync(["-c", script, `${srv.url}/v1`, dataUrl(readFileSync(png))])) as {
