@@ -201,7 +201,11 @@ export class BatchRotatingKVCache extends PlaneLayout implements BatchCache {
     const offset = Math.min(this.maxSize - 1, this.#offset);
     using causal = createCausalMask(n, offset, w);
     let lp = this.#lp;
-    const trim = this.#idx - this.maxSize + (n > 1 ? 1 : 0);
+    // A chunk first puts a wrapped ring in temporal order (#updateConcat: idx = capacity). mlx-lm's
+    // make_mask reads the ring index here, which hides real tokens of a padded row when a chunk
+    // follows in-place writes (its batch generation never does that; batched speculation does).
+    const ringEnd = n > 1 && this.#rotated ? this.capacity : this.#idx;
+    const trim = ringEnd - this.maxSize + (n > 1 ? 1 : 0);
     if (trim > 0) lp = lp.map((l) => l - trim);
     const rotated = n === 1 && (this.#rotated || this.#idx >= this.maxSize);
     if (rotated) lp = lp.map((l) => l - 1);
