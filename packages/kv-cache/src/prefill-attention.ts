@@ -1,15 +1,17 @@
 // Prefill chunks over an affine or TurboQuant cache: fast SDPA over the dequantized planes (the
-// default), or mlx-lm's quantized-matmul attention (the exact path, today's token behaviour).
+// default on a GPU), or mlx-lm's quantized-matmul attention (the exact path, mlx-lm's tokens; the
+// default on the CPU, where the SDPA path measured no faster).
 // docs/kv-prefill.md has the reasoning and the measurements.
-import type { MlxArray } from "@mlx-bun/mlx-ffi";
+import { defaultDevice, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Mask } from "./types.ts";
 
 /**
  * How a quantized view attends a chunk of at least `PREFILL_SDPA_MIN_QUERIES` query tokens:
- * "sdpa" (default) dequantizes the fetched planes (the past and the chunk, as stored) and runs
+ * "sdpa" (the default when MLX's default device is a GPU) dequantizes the fetched planes (the past and the chunk, as stored) and runs
  * `fast.scaled_dot_product_attention`, the kernel a bf16 cache uses; "exact" keeps mlx-lm's
- * quantized_matmul attention op for op (the path every parity test runs on).
+ * quantized_matmul attention op for op (the default on the CPU, and the path every parity test
+ * runs on).
  */
 export type KvPrefillSetting = "sdpa" | "exact";
 
@@ -24,14 +26,17 @@ let setting: KvPrefillSetting | undefined;
 
 function envSetting(): KvPrefillSetting {
   const v = process.env.MLX_BUN_KV_PREFILL;
-  if (v === undefined || v === "" || v === "sdpa") return "sdpa";
+  // Unset: SDPA where it pays (a GPU: 0.88-0.92x -> 0.98-0.99x of bf16 prefill for q8 on the H200);
+  // the CPU keeps mlx-lm's tokens (no measurable gain there, docs/kv-prefill.md).
+  if (v === undefined || v === "") return defaultDevice() === "gpu" ? "sdpa" : "exact";
+  if (v === "sdpa") return "sdpa";
   if (v === "exact") return "exact";
   throw new Error(`MLX_BUN_KV_PREFILL=${v}: expected sdpa or exact`);
 }
 
 /**
  * Choose the prefill attention of the quantized KV views for this process: "sdpa" or "exact"
- * (see KvPrefillSetting). `undefined` goes back to MLX_BUN_KV_PREFILL (default "sdpa").
+ * (see KvPrefillSetting). `undefined` goes back to MLX_BUN_KV_PREFILL (unset: "sdpa" on a GPU, "exact" on the CPU).
  */
 export function setKvPrefill(s: KvPrefillSetting | undefined): void {
   if (s !== undefined && s !== "sdpa" && s !== "exact") throw new Error(`setKvPrefill: expected "sdpa" or "exact", got ${String(s)}`);

@@ -2,7 +2,7 @@
 // path (mlx-lm's quantized-matmul attention, tied to mlx-lm bit for bit by parity.test.ts) and
 // against float32 attention over the same stored planes. docs/kv-prefill.md.
 import { afterEach, describe, expect, test } from "vitest";
-import { type MlxArray, memory } from "@mlx-bun/mlx-ffi";
+import { defaultDevice, type MlxArray, memory } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import {
   type Cache,
@@ -177,10 +177,12 @@ describe("which chunks take it", () => {
     expect(relativeError(a, b)).toBeLessThan(0.05);
   });
 
-  test("the setting: default sdpa, MLX_BUN_KV_PREFILL, setKvPrefill; bad values are clear errors", () => {
+  test("the setting: default sdpa on a GPU and exact on the CPU, MLX_BUN_KV_PREFILL, setKvPrefill; bad values are clear errors", () => {
     const prev = process.env.MLX_BUN_KV_PREFILL;
     try {
       delete process.env.MLX_BUN_KV_PREFILL;
+      expect(kvPrefill()).toBe(defaultDevice() === "gpu" ? "sdpa" : "exact");
+      process.env.MLX_BUN_KV_PREFILL = "sdpa";
       expect(kvPrefill()).toBe("sdpa");
       process.env.MLX_BUN_KV_PREFILL = "exact";
       expect(kvPrefill()).toBe("exact");
