@@ -89,7 +89,12 @@ addDraftOptions(
   .option("--min-tokens-to-keep <n>", "tokens min-p sampling always keeps", intArg("--min-tokens-to-keep", 1), 1)
   .option("--prompt-cache-file <file>", "start from the KV caches of this file (mlx-bun cache-prompt or mlx_lm.cache_prompt); the prompt continues it")
   .option("--quantize-activations", "as mlx_lm's -qa: only for nvfp4/mxfp8 layers (not implemented); nothing to do for bf16 checkpoints")
-  .addOption(new Option("--image <files...>", "images (not supported: mlx-bun runs Gemma 4's text side)").argParser(collectMany))
+  .addOption(
+    new Option(
+      "--image <files...>",
+      "images for a model with a vision tower (paths or file:, data:, http(s) URLs), placed before the prompt's text (as mlx_vlm.generate)",
+    ).argParser(collectMany),
+  )
   .option("--verbose <bool>", "T/True: text and stats; F/False: the text only (as mlx_lm)", boolArg, true)
   .option("--no-verbose", "print only the text, no stats")
   .option("--json", "print one JSON line: {prompt, prompt_ids, generated_ids, text, timings}")

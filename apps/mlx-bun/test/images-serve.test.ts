@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { runPython, runPythonAsync } from "../../../tools/oracle/oracle.ts";
 import { type RunningServer, startServer } from "../src/server/http.ts";
 import { imageSupportFor } from "../src/server/images.ts";
-import { ROOT, tempDir } from "./helpers.ts";
+import { ROOT, runCli, tempDir } from "./helpers.ts";
 
 const N = 8;
 let tmp: ReturnType<typeof tempDir>;
@@ -86,6 +86,27 @@ print(json.dumps({"tokens": [t.token for t in r.choices[0].logprobs.content], "u
     expect(got.tokens).toEqual(want.map((id) => tok.decode([id], { skipSpecialTokens: false })));
     expect(got.usage.prompt_tokens).toBe((ref.tensors.get("input_ids")!.shape as number[]).at(-1));
   });
+
+  test("mlx-bun generate --image: greedy tokens equal mlx-vlm's (image first, then the text, as mlx_vlm.generate); bad images are clear errors", async () => {
+    const req = join(tmp.path, "req-cli.json");
+    writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content: [{ type: "image" }, { type: "text", text: TEXT }] }], images: [png], steps: N }));
+    const out = join(tmp.path, "ref-cli.safetensors");
+    runPython([join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py"), "run", ckpt, out, req]);
+    using ref = loadSafetensors(out);
+    const want = [...(ref.tensors.get("tokens")!.toTypedArray() as Int32Array)];
+    const args = ["generate", "--model", ckpt, "--prompt", TEXT, "--max-tokens", String(N), "--temp", "0", "--json"];
+    const noThinking = ["--chat-template-config", '{"enable_thinking": false}'];
+    const r = await runCli([...args, ...noThinking, "--image", png]);
+    expect(r.code, r.stderr).toBe(0);
+    const j = JSON.parse(r.stdout);
+    expect(j.prompt_ids).toEqual([...(ref.tensors.get("input_ids")!.toTypedArray() as Int32Array)]);
+    expect(j.generated_ids).toEqual(want);
+    const bad = join(tmp.path, "not-an-image.png");
+    writeFileSync(bad, "hello");
+    const e = await runCli([...args, "--image", bad]);
+    expect(e.code).toBe(1);
+    expect(e.stderr).toMatch(/^mlx-bun: error: --image .*not-an-image\.png: .*not an image/m);
+  }, 120_000);
 
   test("100 image requests (data: URLs and file paths) leave MLX's active memory at its baseline", async () => {
     await post(srv.url, [

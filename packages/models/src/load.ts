@@ -6,6 +6,7 @@ import { ChatTemplate, NoChatTemplateError } from "./chat-template.ts";
 import { type Gemma4Config, loadGemma4Config } from "./config.ts";
 import { Gemma4Model } from "./model/gemma4.ts";
 import { Gemma4Tokenizer } from "./tokenizer.ts";
+import { parseVisionConfig } from "./vision/tower.ts";
 import { type LoadedWeights, loadWeights, MULTIMODAL_DROP_REASON } from "./weights.ts";
 
 /** Everything generation needs from one checkpoint. Dispose it to free the weights. */
@@ -47,6 +48,18 @@ export function loadTextSide(dir: string): { config: Gemma4Config; tokenizer: Ge
   return { config, tokenizer, template, warnings: [...tokenizer.warnings] };
 }
 
+/** What a multimodal checkpoint's skipped vision tensors mean for image input. */
+function imageNote(config: Gemma4Config): string {
+  try {
+    if (parseVisionConfig(config)) return "the vision tower loads with the first image";
+    return config.modelType === "gemma4_unified"
+      ? "images for gemma4_unified (its encoder-free embedder) are not supported yet"
+      : "config.json has no vision_config, so images are not taken";
+  } catch (e) {
+    return `image input is not available: ${(e as Error).message}`;
+  }
+}
+
 /**
  * Load a checkpoint from a local directory (weights stay lazy until first use). Only the text side
  * loads: the vision and audio towers of a multimodal checkpoint (gemma4, gemma4_unified) are
@@ -58,7 +71,9 @@ export function loadModel(dir: string): LoadedModel {
   const towers = weights.plan.dropped.filter((d) => d.reason === MULTIMODAL_DROP_REASON);
   if (towers.length) {
     const kinds = [...new Set(towers.map((d) => d.name.replace(/^model\./, "").split(".")[0]!))].sort();
-    warnings.push(`text only: ${towers.length} vision/audio tensors (${kinds.join(", ")}) are not loaded; image and audio input are not supported yet`);
+    warnings.push(
+      `text only: ${towers.length} vision/audio tensors (${kinds.join(", ")}) are not loaded with the text side; ${imageNote(config)}; audio input is not supported`,
+    );
   }
   let model: Gemma4Model;
   try {

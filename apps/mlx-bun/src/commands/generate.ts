@@ -1,13 +1,16 @@
 // mlx-bun generate: one prompt, like mlx_lm.generate (same flags, same prompt, same tokens). Text
 // streams to stdout, stats to stderr; --json prints one JSON line for scripts instead.
 import { readFileSync } from "node:fs";
+import { resolve } from "node:path";
 import { memory } from "@mlx-bun/mlx-ffi";
 import type { ChatMessage } from "@mlx-bun/models";
-import type { GenerateRequest, GenerationResult, GenerationStream, KvStoreInfo, PromptCache, Scheduler } from "@mlx-bun/runtime";
+import type { Engine, GenerateRequest, GenerationResult, GenerationStream, KvStoreInfo, PromptCache, Scheduler } from "@mlx-bun/runtime";
 import { adapterLayers, loadDraft, loadEngine, noteNoOps } from "../load.ts";
 import type { DraftOptions, ModelOptions, SamplingOptions } from "../options.ts";
 import { samplingFrom, UsageError } from "../options.ts";
 import { expandEscapes, type PromptModel, rawPromptIds, templateKwargs } from "../prompt.ts";
+import { ApiError } from "../server/errors.ts";
+import { expandPromptImages, imageSupportFor, loadRequestImages } from "../server/images.ts";
 import { mlxLmLoadDraws } from "./mlx-lm-seed.ts";
 import { cacheFromFile, kvForCacheFile, loadCacheFile, modelForCacheFile, readCacheFileInfo, renderAfterCachedPrefix } from "./prompt-cache-file.ts";
 
@@ -64,11 +67,17 @@ export function generatePrompt(
   text: string,
   o: Pick<GenerateOptions, "ignoreChatTemplate" | "systemPrompt" | "chatTemplateConfig" | "prefillResponse">,
   cached: boolean,
+  imageCount = 0,
 ): number[] {
-  if (o.ignoreChatTemplate || !m.template) return rawPromptIds(m, text);
+  if (o.ignoreChatTemplate || !m.template) {
+    if (imageCount) throw new UsageError("--image needs the chat template (it places the image placeholders): drop --ignore-chat-template");
+    return rawPromptIds(m, text);
+  }
   const messages: ChatMessage[] = [];
   if (o.systemPrompt !== undefined) messages.push({ role: "system", content: o.systemPrompt });
-  messages.push({ role: "user", content: text });
+  // As mlx_vlm.generate for Gemma 4 (prompt_utils LIST_WITH_IMAGE_TYPE_TEXT): the images, then the text.
+  const images = Array.from({ length: imageCount }, () => ({ type: "image" }));
+  messages.push({ role: "user", content: imageCount ? [...images, { type: "text", text }] : text });
   const prefill = o.prefillResponse !== undefined;
   if (prefill) messages.push({ role: "assistant", content: o.prefillResponse! });
   const flags = { addGenerationPrompt: !prefill, continueFinalMessage: prefill, kwargs: o.chatTemplateConfig ?? null };
@@ -107,7 +116,8 @@ export function checkQuantizeActivations(quant: { mode: string; overrides: Map<s
 }
 
 export async function runGenerate(o: GenerateOptions): Promise<number> {
-  if (o.image?.length) throw new UsageError("--image: mlx-bun runs Gemma 4's text side only; images are not supported");
+  if (o.image?.length && o.promptCacheFile !== undefined) throw new UsageError("--image with --prompt-cache-file: image prompts do not use the prompt cache");
+  if (o.image?.length && o.draftModel) throw new UsageError("--image with --draft-model: image prompts are not decoded speculatively");
   let info: KvStoreInfo | undefined;
   if (o.promptCacheFile !== undefined) {
     if (o.draftModel) throw new UsageError("--prompt-cache-file with --draft-model: the file holds no draft-model caches");
@@ -127,7 +137,9 @@ export async function runGenerate(o: GenerateOptions): Promise<number> {
     // As mlx_lm: escapes expanded first, then "-" means stdin.
     const expanded = expandEscapes(o.prompt);
     const text = expanded === "-" ? readFileSync(0, "utf8") : expanded;
-    const ids = generatePrompt(engine.loaded, text, o, info !== undefined);
+    const images = o.image?.length ? await cliImages(engine, resolved.id, o.image) : null;
+    const rendered = generatePrompt(engine.loaded, text, o, info !== undefined, images?.images.length ?? 0);
+    const ids = images ? expandPromptImages(rendered, images.images, images.tokens) : rendered;
     const stopTokenIds = (o.extraEosToken ?? []).map((t) => eosTokenId(tok, t, "--extra-eos-token"));
     // mlx_lm.generate builds the tokenizer with the file's tokenizer_config (cache_prompt --eos-token).
     const fileEos = info?.tokenizerConfig?.eos_token;
@@ -157,6 +169,7 @@ export async function runGenerate(o: GenerateOptions): Promise<number> {
       },
       // mlx_lm prints the detokenizer's text, special tokens included.
       keepSpecialTokens: true,
+      ...(images ? { images: images.images } : {}),
       ...(stopTokenIds.length ? { stopTokenIds } : {}),
       signal: abort.signal,
     };
@@ -189,5 +202,22 @@ export async function runGenerate(o: GenerateOptions): Promise<number> {
     promptCache?.dispose();
     spec?.draft.dispose();
     engine.dispose();
+  }
+}
+
+/**
+ * --image files or URLs (as mlx_vlm.generate's --image: local paths, file:, data: and http(s)
+ * URLs), read, decoded and preprocessed as the server's image_url parts are (server/images.ts).
+ */
+async function cliImages(engine: Engine, modelId: string, files: readonly string[]) {
+  const support = imageSupportFor(engine.loaded, { allowRemote: true });
+  if (!support) throw new UsageError(`--image: the model '${modelId}' has no vision tower: it does not take images`);
+  const items = files.map((f) => ({ type: "image", url: /^[a-z][a-z0-9+.-]*:/i.test(f) ? f : resolve(f), param: `--image ${f}` }));
+  try {
+    const images = await loadRequestImages([{ role: "user", content: items }], support, modelId);
+    return { images, tokens: support.tokens };
+  } catch (e) {
+    if (e instanceof ApiError) throw new UsageError(e.message);
+    throw e;
   }
 }
