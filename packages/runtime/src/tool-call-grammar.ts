@@ -38,10 +38,11 @@ export class ToolGrammarError extends RequestError {
   override name = "ToolGrammarError";
 }
 
-/** Longest bounded string expanded into counted rules; beyond it a bound is not enforced. */
-const MAX_COUNTED = 256;
-/** Longest free key or number run (a runaway model ends its value instead of writing forever). */
-const MAX_KEY_CHARS = 64;
+// XGrammar precomputes a token mask for every grammar position: free text (any character) is
+// the costly kind, ~0.1-0.5 s per position at a 262k vocabulary, on the server thread. So free
+// text is one shared 3-state rule, and string lengths are not counted out (each counted character
+// would be 3 more such positions: maxLength 32 took 15 s; see docs/server.md).
+/** Longest number run (a runaway model ends its value instead of writing forever). */
 const MAX_DIGITS = 20;
 /** A JSON number; the exponent has at most 2 digits, so every number is finite (1e999 would read as Infinity). */
 const NUMBER = `"-"? ("0" | [1-9] [0-9]{0,${MAX_DIGITS - 1}}) ("." [0-9]{1,${MAX_DIGITS}})? ([eE] [+\\-]? [0-9]{1,2})?`;
@@ -61,7 +62,7 @@ export function gemma4ToolCallEbnf(tools: readonly ToolSpec[], marks: GrammarMar
     return `${lit(`call:${t.name}`)} ${args}`;
   });
   b.rule("call", `${lit(marks.callOpen)} (${alts.join(" | ")}) ${lit(marks.callClose)}`);
-  const thought = opts.thinking ? `(${lit(`${marks.channelOpen}thought`)} ${b.freeText(0, Number.POSITIVE_INFINITY)} ${lit(marks.channelClose)})? ` : "";
+  const thought = opts.thinking ? `(${lit(`${marks.channelOpen}thought`)} ${b.freeText()} ${lit(marks.channelClose)})? ` : "";
   return `root ::= ${thought}call${opts.parallel === false ? "" : "+"}\n${b.rules.join("\n")}\n`;
 }
 
@@ -142,12 +143,9 @@ class Builder {
 
   #typed(type: string, s: Schema, where: string): string {
     switch (type) {
-      case "string": {
-        const min = nonNegInt(s.minLength) ?? 0;
-        const max = nonNegInt(s.maxLength) ?? Number.POSITIVE_INFINITY;
-        if (min > max) throw new ToolGrammarError(`${where}: minLength is above maxLength`);
-        return `${lit(this.marks.quote)} ${this.freeText(min, max)} ${lit(this.marks.quote)}`;
-      }
+      case "string":
+        // minLength / maxLength / pattern / format are not enforced (see the note at the top).
+        return `${lit(this.marks.quote)} ${this.freeText()} ${lit(this.marks.quote)}`;
       case "integer":
         return this.#shared("int", `"-"? ("0" | [1-9] [0-9]{0,${MAX_DIGITS - 1}})`);
       case "number":
@@ -246,52 +244,29 @@ class Builder {
   }
 
   /**
-   * Text between delimiters (a string's inside, the thought) of min..max characters: no mark, and
-   * never "<|" or "|>" (every Gemma 4 delimiter's text opens with one or closes with the other, and
-   * the output parser reads text: a spelled-out delimiter would end the string or section early).
+   * Text between delimiters (a string's inside, the thought): no mark, and never "<|" or "|>"
+   * (every Gemma 4 delimiter's text opens with one or closes with the other, and the output parser
+   * reads text: a spelled-out delimiter would end the string or section early).
    */
-  freeText(min: number, max: number): string {
+  freeText(): string {
+    if (this.#named.has("tn")) return "tn";
     // Negated ASCII classes (exact in XGrammar): any character but "<", "|" (">" too after "|") and the marks.
     const marks = [...this.marks.reserved].map((ch) => cls(ch.codePointAt(0)!)).join("");
-    this.#shared("fc", `[^<|${marks}]`);
-    this.#shared("fcp", `[^<|>${marks}]`);
-    // States: n (last char plain, or none yet), a (last "<": no "|" next), p (last "|": no ">" next).
-    const states = (next: string, canEnd: boolean): Record<"n" | "a" | "p", string> => {
-      const end = canEnd ? `"" | ` : "";
-      return {
-        n: `${end}fc n${next} | "<" a${next} | "|" p${next}`,
-        a: `${end}fc n${next} | "<" a${next}`,
-        p: `${end}fcp n${next} | "<" a${next} | "|" p${next}`,
-      };
-    };
-    const key = `t${min}_${Number.isFinite(max) ? max : "inf"}`;
-    if (this.#named.has(`n${key}_0`)) return `n${key}_0`;
-    const bounded = Number.isFinite(max) && max <= MAX_COUNTED;
-    const counted = bounded ? max : Math.min(min, MAX_COUNTED);
-    // Counted states c = 0..counted (c characters written); unbounded: then one loop of the three.
-    for (let c = 0; c <= counted; c++) {
-      if (bounded && c === max) {
-        for (const s of ["n", "a", "p"]) this.rule(`${s}${key}_${c}`, `""`);
-        continue;
-      }
-      const st = states(`${key}_${c === counted ? "loop" : c + 1}`, c >= min);
-      for (const s of ["n", "a", "p"] as const) this.rule(`${s}${key}_${c}`, st[s]);
-    }
-    if (!bounded) {
-      const st = states(`${key}_loop`, true);
-      for (const s of ["n", "a", "p"] as const) this.rule(`${s}${key}_loop`, st[s]);
-    }
-    return `n${key}_0`;
+    // States: tn (last char plain, or none yet), ta (last "<": no "|" next), tp (last "|": no ">" next).
+    this.rule("tn", `"" | [^<|${marks}] tn | "<" ta | "|" tp`);
+    this.rule("ta", `"" | [^<|${marks}] tn | "<" ta`);
+    this.rule("tp", `"" | [^<|>${marks}] tn | "<" ta | "|" tp`);
+    return "tn";
   }
 
   anyValue(): string {
     if (this.#named.has("any")) return "any";
     const q = lit(this.marks.quote);
-    this.rule("any", `${q} ${this.freeText(0, Number.POSITIVE_INFINITY)} ${q} | num | "true" | "false" | "null" | anyobj | anyarr`);
+    this.rule("any", `${q} ${this.freeText()} ${q} | num | "true" | "false" | "null" | anyobj | anyarr`);
     this.#shared("num", NUMBER);
     this.rule("anyarr", `"[" (any ("," any)*)? "]"`);
     this.rule("anyobj", `"{" (anykv ("," anykv)*)? "}"`);
-    this.rule("anykv", `[a-zA-Z_] [a-zA-Z0-9_]{0,${MAX_KEY_CHARS - 1}} ":" any`);
+    this.rule("anykv", `[a-zA-Z_] [a-zA-Z0-9_]* ":" any`);
     return "any";
   }
 

@@ -23,14 +23,15 @@ afterAll(() => {
 
 const ajv = new Ajv2020({ strict: false, allErrors: true });
 
-// Bounded strings and arrays: a random-weight model (512-token vocabulary) ends every value soon.
+// Strings as enums and bounded arrays: a random-weight model (512-token vocabulary) ends every
+// value soon (a free string ends only when it samples <|"|>, one of ~480 allowed tokens).
 const TOOLS: ToolSpec[] = [
   {
     name: "get_weather",
     parameters: {
       type: "object",
       properties: {
-        city: { type: "string", minLength: 1, maxLength: 6 },
+        city: { enum: ["Paris", "Oslo", "São Paulo"] },
         unit: { enum: ["celsius", "fahrenheit"] },
         days: { type: "integer" },
         hours: { type: "array", items: { type: "number" }, maxItems: 3 },
@@ -45,7 +46,7 @@ const TOOLS: ToolSpec[] = [
       type: "object",
       properties: {
         at: { $ref: "#/$defs/time" },
-        label: { anyOf: [{ type: "string", maxLength: 4 }, { type: "null" }] },
+        label: { anyOf: [{ const: "wake" }, { type: "null" }] },
         "first name": { const: "Ann" },
       },
       required: ["at", "first name"],
@@ -54,6 +55,9 @@ const TOOLS: ToolSpec[] = [
   },
   { name: "ping", parameters: { type: "object", properties: {}, additionalProperties: false } },
 ];
+
+/** A free string (only in the token-by-token checks: a random model would write it forever). */
+const NOTE: ToolSpec = { name: "note", parameters: { type: "object", properties: { text: { type: "string" } }, required: ["text"] } };
 
 const validators = new Map(TOOLS.map((t) => [t.name, ajv.compile(t.parameters as object)]));
 const solo = { submit: (r: GenerateRequest) => engine.generate(r) };
@@ -122,10 +126,10 @@ describe("tool-call grammar on a tiny model", () => {
   test("the chat template's rendering of calls is accepted token by token; thinking first is allowed only when on", async () => {
     const tok = engine.loaded.tokenizer;
     const Q = '<|"|>';
-    const text = `<|tool_call>call:get_weather{city:${Q}Paris${Q},days:3,hours:[6,12.5],metric:true,unit:${Q}celsius${Q}}<tool_call|><|tool_call>call:set-alarm{at:{h:7,m:0},"first name":${Q}Ann${Q},label:null}<tool_call|>`;
+    const text = `<|tool_call>call:get_weather{city:${Q}Paris${Q},days:3,hours:[6,12.5],metric:true,unit:${Q}celsius${Q}}<tool_call|><|tool_call>call:set-alarm{at:{h:7,m:0},"first name":${Q}Ann${Q},label:${Q}wake${Q}}<tool_call|>`;
     const ids = tok.encode(text, { addSpecialTokens: false });
     const accepts = async (thinking: boolean, ids: number[]) => {
-      using p = await toolCallProcessor(tok, { tools: TOOLS, thinking }, { promptTokens: 0 });
+      using p = await toolCallProcessor(tok, { tools: [...TOOLS, NOTE], thinking }, { promptTokens: 0 });
       try {
         await p.advance(ids);
         return true;
@@ -142,12 +146,10 @@ describe("tool-call grammar on a tiny model", () => {
     expect(await accepts(false, tok.encode("<|tool_call>call:other{}<tool_call|>", { addSpecialTokens: false }))).toBe(false);
     // Strings never hold "<|" or "|>" (a spelled-out delimiter would end them early for the text parser).
     for (const bad of ["a<|b", "a|>b"]) {
-      const t = `<|tool_call>call:get_weather{city:${Q}${bad}${Q},unit:${Q}celsius${Q}}<tool_call|>`;
+      const t = `<|tool_call>call:note{text:${Q}${bad}${Q}}<tool_call|>`;
       expect(await accepts(false, tok.encode(t, { addSpecialTokens: false }))).toBe(false);
     }
-    expect(
-      await accepts(false, tok.encode(`<|tool_call>call:get_weather{city:${Q}a<b|c>${Q},unit:${Q}celsius${Q}}<tool_call|>`, { addSpecialTokens: false })),
-    ).toBe(true);
+    expect(await accepts(false, tok.encode(`<|tool_call>call:note{text:${Q}Hi, a<b|c> 中文${Q}}<tool_call|>`, { addSpecialTokens: false }))).toBe(true);
   });
 
   test("a function name or enum the parser cannot read back is a ToolGrammarError", async () => {
