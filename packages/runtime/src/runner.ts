@@ -7,6 +7,7 @@ import { asyncEval, asyncEvalInBackground, type BackgroundJob, evaluate, MlxArra
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Cache } from "@mlx-bun/kv-cache";
 import type { Pick, Sequence } from "./sequence.ts";
+import type { RoundRow, SpecRow } from "./speculative.ts";
 
 /** The forward step a runner drives (an Engine). */
 export interface StepForward {
@@ -21,20 +22,29 @@ export class Row {
   prev: Pick | null = null;
   /** Tokens fed to the caches beyond the accepted history (background mode builds two steps ahead). */
   fedAhead: number[] = [];
+  /** A speculating row's state (speculative.ts), owned by the row; null for a plain row. */
+  spec: SpecRow | null = null;
 
   constructor(readonly seq: Sequence) {}
 
-  /** Drop the unread picks (the row ended). */
+  /** Drop the unread picks and the speculative state (the row ended). */
   release(): void {
     for (const p of [this.next, this.prev]) if (p) disposePick(p);
     this.next = null;
     this.prev = null;
+    this.spec?.dispose();
+    this.spec = null;
   }
 }
 
 export function disposePick(p: Pick): void {
   p.token.dispose();
   p.logprobs.dispose();
+}
+
+/** Speculative rounds over a decode batch (SpeculativeDecoder.round): one verify/accept round for every row. */
+export interface SpeculativeRounds {
+  round(rows: readonly RoundRow[], caches: Cache[]): void;
 }
 
 export interface RunnerOptions {
@@ -45,11 +55,14 @@ export interface RunnerOptions {
    * the ids of tokens fed but not accepted (the entry is keyed by what the caches hold).
    */
   trackFed?: boolean;
+  /** Rows with a `spec` state speculate: while one is in the batch, a step is a speculative round of every row. */
+  speculative?: SpeculativeRounds;
 }
 
 export class DecodeRunner {
   readonly background: boolean;
   readonly trackFed: boolean;
+  readonly speculative: SpeculativeRounds | undefined;
   /** Decode steps run. */
   steps = 0;
   /** The background job of the last step, and the rows whose `prev` tokens it reads (in order). */
@@ -61,6 +74,7 @@ export class DecodeRunner {
   ) {
     this.background = opts.background;
     this.trackFed = opts.trackFed ?? false;
+    this.speculative = opts.speculative;
   }
 
   /**
@@ -90,7 +104,8 @@ export class DecodeRunner {
   /** One decode step for every row of `caches`, in row order. Rows that end stay in `rows` (the caller retires them). */
   async step(rows: readonly Row[], caches: Cache[]): Promise<void> {
     this.steps++;
-    if (this.#backgroundFor(rows)) this.#stepInBackground(rows, caches);
+    if (this.speculative && rows.some((r) => r.spec && !r.seq.done)) await this.#stepSpeculative(rows, caches, this.speculative);
+    else if (this.#backgroundFor(rows)) this.#stepInBackground(rows, caches);
     else {
       this.drain();
       await this.#stepPlain(rows, caches);
@@ -113,6 +128,29 @@ export class DecodeRunner {
   /** Forget the running job (after a fault: its rows were failed). */
   abandon(): void {
     this.#job = null;
+  }
+
+  /**
+   * A speculative round of every row (speculative.ts): the rows' unread tokens are read first
+   * (the round feeds each row's last accepted token with its drafts), processors with
+   * asynchronous work run, then one verify pass serves every row; plain rows take one token from
+   * it. Nothing stays unread after a round: a later plain step feeds the last accepted ids.
+   */
+  async #stepSpeculative(rows: readonly Row[], caches: Cache[], rounds: SpeculativeRounds): Promise<void> {
+    this.drain();
+    for (const r of rows) {
+      if (r.seq.done) continue;
+      const p = r.next;
+      r.next = null;
+      if (p) take(r, p);
+      else if (r.seq.req.signal?.aborted) r.seq.cancel();
+      // The caches hold every accepted id but the last (no pipelined step fed one ahead).
+      r.fedAhead = [];
+    }
+    const waiting = rows.filter((r) => !r.seq.done && r.seq.advances);
+    if (waiting.length) await Promise.all(waiting.map((r) => r.seq.advance()));
+    if (rows.every((r) => r.seq.done)) return;
+    rounds.round(rows, caches);
   }
 
   #backgroundFor(rows: readonly Row[]): boolean {

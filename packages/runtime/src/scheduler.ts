@@ -30,8 +30,9 @@ export interface SchedulerOptions {
    */
   promptCache?: PromptCache;
   /**
-   * Speculative decoding (a draft model): requests with num_draft_tokens > 0 (the decoder's
-   * default unless a request sets 0) run through it one at a time, the others keep batching.
+   * Speculative decoding: requests with num_draft_tokens > 0 (the decoder's default unless a
+   * request sets 0) speculate inside the batch with an MTP drafter (docs/speculative.md), or run
+   * through the decoder one at a time with a draft model; the others keep batching.
    */
   speculative?: SpeculativeDecoder;
 }
@@ -117,7 +118,11 @@ export class Scheduler {
     if (!(this.memoryBudgetBytes > 0)) throw new RequestError(`memoryBudgetBytes must be positive, got ${this.memoryBudgetBytes}`);
     this.promptCache = opts.promptCache;
     this.speculative = opts.speculative;
-    this.#runner = new DecodeRunner(engine, { background: engine.backgroundEval, trackFed: this.promptCache !== undefined });
+    this.#runner = new DecodeRunner(engine, {
+      background: engine.backgroundEval,
+      trackFed: this.promptCache !== undefined,
+      ...(this.speculative?.batches ? { speculative: this.speculative } : {}),
+    });
   }
 
   /** Per-layer signatures of this engine's caches (prompt-cache entries must match them). */
@@ -162,11 +167,37 @@ export class Scheduler {
     if (bytes > this.memoryBudgetBytes) {
       throw new RequestError(`the request needs ${bytes} bytes of KV cache, more than the budget of ${this.memoryBudgetBytes}`);
     }
+    // With an MTP drafter, speculating requests decode in the batch beside the others (docs/speculative.md).
+    const k = this.#batchDraftTokens(req);
+    if (k > 0) return this.#enqueue(req, this.bytesFor(req.promptIds.length, req.maxTokens + k), opts, k);
     // Requests whose processors do asynchronous work per token decode plainly (the draft rounds are synchronous).
     if (this.speculative && this.speculative.draftTokensFor(req) > 0 && !req.logitsProcessors?.some((p) => p.advance))
       return this.speculative.generate(req, opts);
     const seq = new Sequence(req, this.engine.loaded.tokenizer);
     this.#pending.push(new Entry(seq, bytes, opts.onPrefill));
+    this.#running ??= this.#loop().finally(() => {
+      this.#running = null;
+    });
+    return seq.channel;
+  }
+
+  /**
+   * Draft tokens per round of a request that speculates inside the batch (an MTP drafter), else 0:
+   * requests whose processors do asynchronous work per token, and image prompts, decode plainly.
+   */
+  #batchDraftTokens(req: GenerateRequest): number {
+    const sd = this.speculative;
+    if (!sd?.batches || req.logitsProcessors?.some((p) => p.advance)) return 0;
+    if (((req as { images?: readonly unknown[] }).images?.length ?? 0) > 0) return 0;
+    return sd.draftTokensFor(req);
+  }
+
+  /** Queue a request that speculates in the batch with `k` draft tokens per round. */
+  #enqueue(req: GenerateRequest, bytes: number, opts: SubmitOptions, k: number): GenerationStream {
+    const seq = new Sequence(req, this.engine.loaded.tokenizer);
+    const e = new Entry(seq, bytes, opts.onPrefill);
+    e.spec = this.speculative!.specRow(seq, k);
+    this.#pending.push(e);
     this.#running ??= this.#loop().finally(() => {
       this.#running = null;
     });

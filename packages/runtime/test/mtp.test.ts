@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { memory } from "@mlx-bun/mlx-ffi";
 import { loadAssistant } from "@mlx-bun/models";
 import { runPython } from "../../../tools/oracle/oracle.ts";
-import { Engine, type GenerateRequest, Scheduler, SpeculativeDecoder } from "../src/index.ts";
+import { Engine, type GenerateRequest, PromptCache, Scheduler, SpeculativeDecoder } from "../src/index.ts";
 import { mlxLmGenerate, ROOT, tinyModels } from "./helpers.ts";
 
 // Gemma 4 MTP drafters (gemma4_assistant) made with mlx-vlm's own modules for tiny float32 targets:
@@ -129,6 +129,110 @@ describe("MTP drafters: greedy output equals plain greedy output", () => {
     expect(s1.tokens).toEqual(s2.tokens);
     expect(s1.tokens.length).toBe(16);
     expect(s1.speculative!.drafted).toBeGreaterThan(0);
+  });
+});
+
+describe("MTP drafters: speculative rows inside the continuous batch", () => {
+  // Rows of different prompt lengths (left padding), draft lengths (3, 2, 1: padded to the widest)
+  // and max_tokens, plain rows (num_draft_tokens 0) beside them, a penalty row (processors over
+  // the drafted history), and rows that join while others speculate.
+  const P = [LONG, SHORT, LONG.slice(3, 20), LONG.slice(10, 12), LONG.slice(5, 30), LONG.slice(20, 29)];
+  const reqs = (): GenerateRequest[] => [
+    { promptIds: P[0]!, maxTokens: 20 },
+    { promptIds: P[1]!, maxTokens: 24, numDraftTokens: 2 },
+    { promptIds: P[2]!, maxTokens: 12, numDraftTokens: 0 },
+    { promptIds: P[3]!, maxTokens: 18, numDraftTokens: 1 },
+    { promptIds: P[4]!, maxTokens: 16, sampling: { repetitionPenalty: 1.3 } },
+    { promptIds: P[5]!, maxTokens: 14, numDraftTokens: 0 },
+  ];
+
+  /** Submit rows 0-3 together, then 4-5 once row 0 has emitted two tokens; all results. */
+  async function run(sched: Scheduler) {
+    const rs = reqs();
+    const first = rs.slice(0, 4).map((r) => sched.submit(r));
+    const it = first[0]![Symbol.asyncIterator]();
+    await it.next();
+    await it.next();
+    const later = rs.slice(4).map((r) => sched.submit(r));
+    return Promise.all([...first, ...later].map((s) => s.result));
+  }
+
+  test("greedy: every row's tokens are its plain greedy tokens (mlx-lm's for bf16 KV), every KV mode, a bounded window; memory returns to its baseline", async () => {
+    const golden = reqs().map((r) => mlxLmGenerate(models.path("small"), r.promptIds, r.maxTokens).tokens);
+    for (const kv of ["bf16", "q8", "turbo:4,3"]) {
+      for (const opts of [{ kv }, { kv, maxKvSize: 16 }]) {
+        using t = Engine.load(models.path("small"), opts);
+        // Plain greedy tokens of each request (the penalty row's with its penalty).
+        const plain: number[][] = [];
+        for (const r of reqs()) plain.push((await t.generate({ ...r, numDraftTokens: 0 }).result).tokens);
+        if (kv === "bf16" && opts.maxKvSize === undefined) expect(plain.filter((_, i) => i !== 4)).toEqual(golden.filter((_, i) => i !== 4));
+        for (const name of ["small-mtp-echo", "small-mtp"]) {
+          using a = loadAssistant(models.path(name));
+          const rounds: number[] = [];
+          const sd = new SpeculativeDecoder(t, a, { onRound: (r) => rounds.push(r.accepted) });
+          // Warm up (lazy weights, codec tables), then measure from a baseline.
+          await new Scheduler(t, { speculative: sd }).submit({ promptIds: SHORT, maxTokens: 4 }).result;
+          memory.clearCache();
+          const base = memory.active();
+          const handles = memory.liveHandles();
+          const sched = new Scheduler(t, { speculative: sd });
+          const res = await run(sched);
+          await sched.close();
+          const label = `${JSON.stringify(opts)} ${name}`;
+          res.forEach((r, i) => expect(r.tokens, `${label} row ${i}`).toEqual(plain[i]));
+          // In the batch, not aside: the first four were prefilled together and decoded by the scheduler's steps.
+          expect(sched.stats.largestPrefill).toBe(4);
+          expect(sched.stats.decodeSteps).toBeGreaterThan(0);
+          for (const i of [0, 1, 3, 4]) expect(res[i]!.speculative!.drafted, `${label} row ${i}`).toBeGreaterThan(0);
+          for (const i of [2, 5]) expect(res[i]!.speculative).toBeUndefined();
+          if (name.endsWith("echo")) expect(rounds.some((n) => n > 0)).toBe(true);
+          memory.clearCache();
+          expect(memory.liveHandles()).toBe(handles);
+          expect(memory.active()).toBe(base);
+        }
+      }
+    }
+  });
+
+  test("with a prompt cache: a finished speculative row's caches serve the next turn, whose tokens stay the plain greedy tokens", async () => {
+    using t = Engine.load(models.path("small"));
+    using a = loadAssistant(models.path("small-mtp-echo"));
+    using pc = new PromptCache({ maxBytes: 64 * 1024 * 1024 });
+    const sched = new Scheduler(t, { speculative: new SpeculativeDecoder(t, a), promptCache: pc });
+    const first = await sched.submit({ promptIds: LONG, maxTokens: 10 }).result;
+    expect(first.tokens).toEqual((await t.generate({ promptIds: LONG, maxTokens: 10 }).result).tokens);
+    expect(first.speculative!.drafted).toBeGreaterThan(0);
+    // The next turn: prompt + reply + new tokens. A speculative row's caches hold all its tokens
+    // but the last target token (all of them when its last round ended on drafts); the prompt-end
+    // snapshot holds LONG.length - 1.
+    const follow = [...LONG, ...first.tokens, 11, 12, 13];
+    const b = await sched.submit({ promptIds: follow, maxTokens: 10 }).result;
+    await sched.close();
+    expect(b.cachedTokens).toBeGreaterThanOrEqual(LONG.length + first.tokens.length - 1);
+    expect(b.cachedTokens).toBeLessThanOrEqual(LONG.length + first.tokens.length);
+    expect(b.tokens).toEqual((await t.generate({ promptIds: follow, maxTokens: 10 }).result).tokens);
+    expect(pc.stats.hits).toBe(1);
+  });
+
+  test("sampling rows in the batch: seeded rows run to max_tokens or a stop, drafts are drafted and judged by rejection sampling", async () => {
+    using t = Engine.load(models.path("small"));
+    using a = loadAssistant(models.path("small-mtp-echo"));
+    const sched = new Scheduler(t, { speculative: new SpeculativeDecoder(t, a) });
+    const sampled = { temperature: 0.8, seed: 5 };
+    const res = await Promise.all([
+      sched.submit({ promptIds: LONG, maxTokens: 16, sampling: sampled }).result,
+      sched.submit({ promptIds: SHORT, maxTokens: 16, sampling: { ...sampled, seed: 6 }, numDraftTokens: 2 }).result,
+      sched.submit({ promptIds: SHORT, maxTokens: 16 }).result,
+    ]);
+    await sched.close();
+    expect(sched.stats.largestPrefill).toBe(3);
+    for (const r of res) {
+      // max_tokens, or a stop token drawn earlier.
+      if (r.finishReason === "length") expect(r.tokens.length).toBe(16);
+      else expect([r.finishReason, r.tokens.length < 16]).toEqual(["stop", true]);
+      expect(r.speculative!.drafted).toBeGreaterThan(0);
+      expect(r.speculative!.accepted).toBeLessThanOrEqual(r.speculative!.drafted);
+    }
   });
 });
 
