@@ -1,7 +1,7 @@
 // `mlx-bun serve --draft-model <Gemma 4 MTP drafter>` as a process: a chat completion returns the
 // same tokens as the same request without speculation (num_draft_tokens 0: the plain batched
 // path), alone and with two requests in flight at once (two speculative ones, and a speculative
-// one beside a plain one). The drafter is an "echo" drafter made with mlx-vlm's own modules
+// one beside a plain one: with an MTP drafter they share the scheduler's decode batch). The drafter is an "echo" drafter made with mlx-vlm's own modules
 // (tools/make-tiny-model/make_tiny_drafter.py), so rounds accept drafts; the target is float32,
 // where greedy speculative output equals plain greedy output (docs/speculative.md).
 import { join } from "node:path";
