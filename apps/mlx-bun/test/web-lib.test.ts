@@ -22,6 +22,7 @@ import {
   parseImport,
   pathOf,
   saveConversations,
+  STORED_IMAGE_MAX_CHARS,
   searchConversations,
   setLeaf,
   siblingsOf,
@@ -351,6 +352,101 @@ describe("the conversation tree", () => {
       { role: "user", content: "q4" },
     ]);
     expect(apiMessages(msgs, "  ")[0]).toEqual({ role: "user", content: "q2" });
+  });
+
+  test("images: sent as image_url parts before the text; kept in storage up to the cap, else a note; only data: image URLs read back", () => {
+    const small = `data:image/png;base64,${"A".repeat(100)}`;
+    const big = `data:image/jpeg;base64,${"B".repeat(STORED_IMAGE_MAX_CHARS)}`;
+    expect(
+      apiMessages(
+        [
+          {
+            role: "user",
+            content: "what is it?",
+            images: [
+              { name: "a.png", bytes: 75, url: small },
+              { name: "gone.png", bytes: 9 },
+            ],
+          },
+          { role: "assistant", content: "a cat" },
+          { role: "user", content: "", images: [{ name: "a.png", bytes: 75, url: small }] },
+        ],
+        "",
+      ),
+    ).toEqual([
+      {
+        role: "user",
+        content: [
+          { type: "image_url", image_url: { url: small } },
+          { type: "text", text: "what is it?" },
+        ],
+      },
+      { role: "assistant", content: "a cat" },
+      { role: "user", content: [{ type: "image_url", image_url: { url: small } }] },
+    ]);
+    // An image not kept (no url) leaves its message plain text.
+    expect(apiMessages([{ role: "user", content: "q", images: [{ name: "gone.png", bytes: 9 }] }], "")).toEqual([{ role: "user", content: "q" }]);
+
+    const s = memoryStore();
+    const c = conv("a");
+    const id = ids();
+    const q = addMessage(c, null, "user", "two images", id);
+    q.images = [
+      { name: "small.png", bytes: 75, url: small },
+      { name: "big.jpg", bytes: 800_000, url: big },
+    ];
+    expect(saveConversations(s, [c])).toBe(true);
+    expect(loadConversations(s)[0]!.messages[0]!.images).toEqual([
+      { name: "small.png", bytes: 75, url: small },
+      { name: "big.jpg", bytes: 800_000 },
+    ]);
+    expect(q.images[1]!.url).toBe(big); // the conversation in memory keeps it
+
+    // Storage too full for the images: the text is kept without them.
+    const tight = memoryStore();
+    tight.setItem = (k, v) => {
+      if (v.length > 300) throw new Error("QuotaExceededError");
+      tight.data.set(k, v);
+    };
+    expect(saveConversations(tight, [c])).toBe("without-images");
+    expect(loadConversations(tight)[0]!.messages[0]!.images).toEqual([
+      { name: "small.png", bytes: 75 },
+      { name: "big.jpg", bytes: 800_000 },
+    ]);
+
+    // Read back: only data:image/…;base64 URLs, only on user messages.
+    s.setItem(
+      KEYS.conversations,
+      JSON.stringify([
+        {
+          id: "t",
+          messages: [
+            {
+              id: "x",
+              parent: null,
+              role: "user",
+              content: "",
+              images: [
+                { name: "ok.png", bytes: 1, url: small },
+                { name: "js", bytes: 1, url: "javascript:alert(1)" },
+                { name: "svg", bytes: 1, url: "data:text/html;base64,PGI+" },
+                { name: 3, url: small },
+                "junk",
+              ],
+            },
+            { id: "y", parent: "x", role: "assistant", content: "ok", images: [{ name: "r.png", bytes: 1, url: small }] },
+          ],
+        },
+      ]),
+    );
+    const [t] = loadConversations(s);
+    expect(t!.messages[0]!.images).toEqual([
+      { name: "ok.png", bytes: 1, url: small },
+      { name: "js", bytes: 1 },
+      { name: "svg", bytes: 1 },
+    ]);
+    expect(t!.messages[1]!.images).toBeUndefined();
+    expect(t!.title).toBe("Image: ok.png");
   });
 
   test("titles", () => {

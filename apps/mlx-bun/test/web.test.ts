@@ -16,14 +16,17 @@ import { Engine, type GenerateRequest, type GenerationStream, type LogitsProcess
 import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type RunningServer, startServer } from "../src/server/http.ts";
+import { imageSupportFor } from "../src/server/images.ts";
 import { DEFAULT_WEB_DIR } from "../src/server/web.ts";
 import { buildWeb, listFiles } from "../web/build.ts";
-import { makeTinySmall, tempDir } from "./helpers.ts";
+import { makeTinySmall, ROOT, tempDir } from "./helpers.ts";
+import { runPython } from "../../../tools/oracle/oracle.ts";
 
 // page.evaluate callbacks run in the page; this tsconfig has no DOM lib, so its globals are typed loosely here.
 declare const document: any, window: any, navigator: any, localStorage: any, performance: any, location: any;
 declare function getComputedStyle(e: unknown): any;
 type HTMLInputElement = any;
+declare const DataTransfer: any, File: any, ClipboardEvent: any, DragEvent: any;
 
 const CHROMIUM = process.env.MLX_BUN_CHROMIUM || "/usr/bin/chromium";
 const SKIP_BROWSER = process.env.MLX_BUN_SKIP_BROWSER === "1" && process.env.CI !== "true"; // never in CI
@@ -1052,6 +1055,193 @@ describe.skipIf(SKIP_BROWSER)("in Chromium", () => {
       expect(foreignRequests).toEqual([]);
       expect(pageErrors).toEqual([]);
       expect(consoleErrors).toEqual([]);
+    });
+  });
+
+  // Images (image_url parts) on a tiny vision checkpoint (tools/make-tiny-model/make_tiny_vision_model.py,
+  // as images-serve.test.ts): attached through the file input, a paste and a drop, sent before the text.
+  describe("images", () => {
+    let vEngine: Engine;
+    let vScheduler: Scheduler;
+    let vSrv: RunningServer;
+    let context: BrowserContext;
+    let page: Page;
+    let pngA: Buffer;
+    let pngB: Buffer;
+    const chatBodies: Record<string, any>[] = [];
+    const problems: string[] = [];
+
+    beforeAll(async () => {
+      const dir = join(tmp.path, "vision");
+      mkdirSync(dir, { recursive: true });
+      runPython([join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py"), "--suite", dir]);
+      const py = `import sys, numpy as np; from PIL import Image
+Image.fromarray(np.random.default_rng(1).integers(0, 256, (100, 130, 3), dtype=np.uint8)).save(sys.argv[1])
+Image.fromarray(np.random.default_rng(2).integers(0, 256, (60, 40, 3), dtype=np.uint8)).save(sys.argv[2])`;
+      runPython(["-c", py, join(dir, "a.png"), join(dir, "b.png")]);
+      pngA = readFileSync(join(dir, "a.png"));
+      pngB = readFileSync(join(dir, "b.png"));
+      vEngine = Engine.load(join(dir, "vision-e"));
+      vScheduler = new Scheduler(vEngine, { maxBatch: 2 });
+      vSrv = startServer({ model: vEngine.loaded, scheduler: vScheduler, modelId: "tiny-vision", port: 0, webDir, images: imageSupportFor(vEngine.loaded) });
+      context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+      page = await context.newPage();
+      page.on("request", (r) => {
+        if (r.url().endsWith("/v1/chat/completions")) chatBodies.push(JSON.parse(r.postData() ?? "{}"));
+      });
+      page.on("pageerror", (e) => problems.push(String(e)));
+      page.on("console", (m) => {
+        if (m.type() === "error") problems.push(m.text());
+      });
+    });
+
+    afterAll(async () => {
+      await context?.close();
+      await vSrv?.stop();
+      await vScheduler?.close();
+      vEngine?.dispose();
+    });
+
+    /** Paste (or drop, on the message box) files made in the page from these bytes. */
+    const putFiles = (how: "paste" | "drop", files: { name: string; type: string; b64: string }[]) =>
+      page.evaluate(
+        ({ how, files }) => {
+          const dt = new DataTransfer();
+          for (const f of files) dt.items.add(new File([Uint8Array.from(atob(f.b64), (c) => c.charCodeAt(0))], f.name, { type: f.type }));
+          if (how === "paste")
+            document.querySelector("#prompt").dispatchEvent(new ClipboardEvent("paste", { clipboardData: dt, bubbles: true, cancelable: true }));
+          else {
+            const box = document.querySelector("#composer-box");
+            box.dispatchEvent(new DragEvent("dragover", { dataTransfer: dt, bubbles: true, cancelable: true }));
+            box.dispatchEvent(new DragEvent("drop", { dataTransfer: dt, bubbles: true, cancelable: true }));
+          }
+        },
+        { how, files },
+      );
+    const thumbs = () => page.$$eval(".attachment-thumb", (els: any[]) => els.map((e) => ({ alt: e.alt, loaded: e.complete && e.naturalWidth > 0 })));
+    const promptTokens = async () => Number(/prompt (\d+)/.exec((await page.locator(".message-assistant .message-stats").last().textContent()) ?? "")?.[1]);
+    const sendAndWait = async () => {
+      await page.click("#send");
+      await page.waitForFunction(() => [...document.querySelectorAll(".message-assistant")].at(-1)?.getAttribute("aria-busy") === "false", null, {
+        timeout: 60_000,
+      });
+    };
+
+    test("/health says whether the model takes images; a text-only model's page has no attach button and refuses a pasted image", async () => {
+      expect(((await (await fetch(`${vSrv.url}/health`)).json()) as { vision: boolean }).vision).toBe(true);
+      expect(((await (await fetch(`${srv.url}/health`)).json()) as { vision: boolean }).vision).toBe(false);
+      const p = await context.newPage();
+      try {
+        await p.goto(`${srv.url}/`);
+        await p.waitForSelector("html[data-ready=true]");
+        await expect.poll(() => p.textContent("#model-name")).toBe(MODEL);
+        expect(await p.isHidden("#attach")).toBe(true);
+        expect(await p.isHidden("#image-hint")).toBe(true);
+        await p.evaluate((b64: string) => {
+          const dt = new DataTransfer();
+          dt.items.add(new File([Uint8Array.from(atob(b64), (c) => c.charCodeAt(0))], "a.png", { type: "image/png" }));
+          document.querySelector("#prompt").dispatchEvent(new ClipboardEvent("paste", { clipboardData: dt, bubbles: true, cancelable: true }));
+        }, pngA.toString("base64"));
+        expect(await p.textContent("#error")).toBe(`Not attached: the model “${MODEL}” takes no images.`);
+        expect(await p.isHidden("#attachments")).toBe(true);
+      } finally {
+        await p.close();
+      }
+    });
+
+    test("attach (file input), paste and drop: thumbnails with Remove; sent as image_url parts before the text; shown in the message and after a reload", async () => {
+      await page.goto(`${vSrv.url}/`);
+      await page.waitForSelector("html[data-ready=true]");
+      await page.locator("#attach").waitFor({ state: "visible" });
+      expect(await page.getAttribute("#attach", "aria-label")).toBe("Attach images");
+      expect(await page.isVisible("#image-hint")).toBe(true);
+      if ((await page.getAttribute("#toggle-settings", "aria-expanded")) !== "true") await page.click("#toggle-settings");
+      await page.fill("#max-tokens", "2");
+      await page.click("#close-settings");
+
+      // The same text without an image, for its prompt size.
+      await page.fill("#prompt", "What is in this picture?");
+      await sendAndWait();
+      const textOnly = await promptTokens();
+      expect(textOnly).toBeGreaterThan(0);
+      await page.click("#new-chat");
+
+      // Refused: not an image, too large.
+      await page.setInputFiles("#attach-file", { name: "notes.txt", mimeType: "text/plain", buffer: Buffer.from("hello") });
+      await expect.poll(() => page.textContent("#error")).toBe("Not attached: “notes.txt” is not an image (text/plain).");
+      await page.setInputFiles("#attach-file", { name: "huge.png", mimeType: "image/png", buffer: Buffer.alloc(11 * 1024 * 1024) });
+      await expect.poll(() => page.textContent("#error")).toBe("Not attached: “huge.png” is 11.0 MB, more than the limit of 10.0 MB.");
+      expect(await page.isHidden("#attachments")).toBe(true);
+
+      // The file picker's input, then a paste and a drop.
+      await page.setInputFiles("#attach-file", { name: "a.png", mimeType: "image/png", buffer: pngA });
+      await expect.poll(thumbs).toEqual([{ alt: "a.png", loaded: true }]);
+      expect(await page.isHidden("#error")).toBe(true);
+      await putFiles("paste", [{ name: "b.png", type: "image/png", b64: pngB.toString("base64") }]);
+      await expect.poll(thumbs).toEqual([
+        { alt: "a.png", loaded: true },
+        { alt: "b.png", loaded: true },
+      ]);
+      await putFiles("drop", [{ name: "c.png", type: "image/png", b64: pngB.toString("base64") }]);
+      await expect.poll(() => thumbs().then((t) => t.map((x) => x.alt))).toEqual(["a.png", "b.png", "c.png"]);
+      await page.screenshot({ path: join(SHOTS, "images-pending.png") });
+      // Remove (by its name, from the keyboard): the focus moves to the next Remove button.
+      await page.getByRole("button", { name: "Remove image: c.png" }).focus();
+      await page.keyboard.press("Enter");
+      await expect.poll(() => thumbs().then((t) => t.map((x) => x.alt))).toEqual(["a.png", "b.png"]);
+      expect(await page.evaluate(() => document.activeElement?.getAttribute("aria-label"))).toBe("Remove image: b.png");
+
+      await page.fill("#prompt", "What is in this picture?");
+      await sendAndWait();
+      expect(await page.isHidden("#error")).toBe(true);
+      expect(await page.isHidden("#attachments")).toBe(true);
+      const body = chatBodies.at(-1)!;
+      const content = body.messages.at(-1).content;
+      expect(content.map((p: { type: string }) => p.type)).toEqual(["image_url", "image_url", "text"]);
+      expect(content[0].image_url.url).toBe(`data:image/png;base64,${pngA.toString("base64")}`);
+      expect(content[1].image_url.url).toBe(`data:image/png;base64,${pngB.toString("base64")}`);
+      expect(content[2]).toEqual({ type: "text", text: "What is in this picture?" });
+      // The server took the images: their soft tokens are in the prompt.
+      expect(await promptTokens()).toBeGreaterThan(textOnly + 2);
+      const shown = () =>
+        page.$$eval(".message-user .message-image", (els: any[]) => els.map((e) => ({ alt: e.alt, loaded: e.complete && e.naturalWidth > 0 })));
+      expect(await shown()).toEqual([
+        { alt: "a.png", loaded: true },
+        { alt: "b.png", loaded: true },
+      ]);
+      expect(await page.textContent("#chat-title")).toBe("What is in this picture?");
+      await page.screenshot({ path: join(SHOTS, "images-sent.png") });
+
+      // Kept with the conversation (small images), shown and sent again after a reload.
+      await page.reload();
+      await page.waitForSelector("html[data-ready=true]");
+      await expect.poll(shown).toEqual([
+        { alt: "a.png", loaded: true },
+        { alt: "b.png", loaded: true },
+      ]);
+      await page.locator(".action-regenerate").last().click();
+      await page.waitForFunction(() => [...document.querySelectorAll(".message-assistant")].at(-1)?.getAttribute("aria-busy") === "false", null, {
+        timeout: 60_000,
+      });
+      expect(chatBodies.at(-1)!.messages.at(-1).content.length).toBe(3);
+
+      // An image alone is a message too.
+      await page.click("#new-chat");
+      await page.setInputFiles("#attach-file", { name: "a.png", mimeType: "image/png", buffer: pngA });
+      await expect.poll(thumbs).toHaveLength(1);
+      await page.focus("#prompt");
+      await page.keyboard.press("Enter");
+      await page.waitForFunction(() => [...document.querySelectorAll(".message-assistant")].at(-1)?.getAttribute("aria-busy") === "false", null, {
+        timeout: 60_000,
+      });
+      expect(
+        chatBodies
+          .at(-1)!
+          .messages.at(-1)
+          .content.map((p: { type: string }) => p.type),
+      ).toEqual(["image_url"]);
+      expect(await page.textContent("#chat-title")).toBe("Image: a.png");
+      expect(problems).toEqual([]);
     });
   });
 

@@ -276,6 +276,8 @@ class App implements ServerCore {
       status: "ok",
       model: this.opts.modelId,
       kv_mode: this.opts.kvMode ?? null,
+      // Whether the model takes images (image_url parts): the web chat shows its attach button then.
+      vision: !!this.opts.images,
       active_requests: this.opts.scheduler.active,
       ...(this.opts.draftModel ? { draft_model: this.opts.draftModel, speculative: { requests: this.#spec.requests, ...speculativeUsage(this.#spec) } } : {}),
       memory: { active_bytes: memory.active(), peak_bytes: memory.peak(), cache_bytes: memory.cache() },

@@ -8,8 +8,10 @@ import { readChatStream, ReplyAccumulator } from "./sse.ts";
 import {
   addMessage,
   apiMessages,
+  type ChatImage,
   type Conversation,
   exportJson,
+  IMAGE_DATA_URL,
   type Layout,
   loadConversations,
   loadCurrentId,
@@ -29,6 +31,7 @@ import {
   type Settings,
   setLeaf,
   siblingsOf,
+  STORED_IMAGE_MAX_CHARS,
   sortConversations,
   switchVersion,
   titleFor,
@@ -91,6 +94,11 @@ const ui = {
   status: $<HTMLParagraphElement>("status"),
   error: $<HTMLParagraphElement>("error"),
   composer: $<HTMLFormElement>("composer"),
+  composerBox: $<HTMLDivElement>("composer-box"),
+  attach: $<HTMLButtonElement>("attach"),
+  attachFile: $<HTMLInputElement>("attach-file"),
+  attachments: $<HTMLUListElement>("attachments"),
+  imageHint: $<HTMLSpanElement>("image-hint"),
   prompt: $<HTMLTextAreaElement>("prompt"),
   send: $<HTMLButtonElement>("send"),
   stop: $<HTMLButtonElement>("stop"),
@@ -124,6 +132,12 @@ const state = {
   renameDraft: "",
   layout: loadLayout(store),
   open: { sidebar: false, settings: false },
+  /** The model takes images (/health's `vision`): attaching is offered. */
+  vision: false,
+  /** Images attached to the message being written. */
+  pending: [] as ChatImage[],
+  /** Said once per page: the storage could not hold the images. */
+  toldImagesDropped: false,
 };
 
 const streamOf = (c: Conversation | null) => (c ? state.streams.get(c.id) : undefined);
@@ -184,7 +198,8 @@ async function refreshHealth(): Promise<void> {
   try {
     const r = await fetch("/health", { cache: "no-store" });
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
-    const h = (await r.json()) as { model?: string; kv_mode?: string | null; active_requests?: number };
+    const h = (await r.json()) as { model?: string; kv_mode?: string | null; active_requests?: number; vision?: boolean };
+    setVision(h.vision === true);
     if (typeof h.model === "string") {
       state.modelId = h.model;
       ui.model.textContent = h.model;
@@ -301,7 +316,12 @@ ui.resetSettings.addEventListener("click", () => {
 // ---------- conversations ----------
 
 function persist(): void {
-  if (!saveConversations(store, state.conversations)) showError("The browser's storage is full or disabled: this conversation will not survive a reload.");
+  const saved = saveConversations(store, state.conversations);
+  if (!saved) showError("The browser's storage is full or disabled: this conversation will not survive a reload.");
+  else if (saved === "without-images" && !state.toldImagesDropped) {
+    state.toldImagesDropped = true;
+    showError("The browser's storage is full: the conversations' images are not kept (their text is). After a reload, a note stands in for each image.");
+  }
 }
 
 function renderList(): void {
@@ -578,7 +598,7 @@ function messageView(c: Conversation, m: Message): HTMLElement {
     regen.addEventListener("click", () => regenerate(c, m));
     actions.append(regen);
   }
-  article.append(head, reasoning, body, tools, error, stats, actions);
+  article.append(head, ...(m.images?.length ? [imagesView(m.images)] : []), reasoning, body, tools, error, stats, actions);
   const v: View = { article, body, reasoning, reasoningSummary, reasoningBody, reasoningTouched: false, tools, error, stats };
   reasoningSummary.addEventListener("click", () => (v.reasoningTouched = true));
   views.set(m, v);
@@ -590,6 +610,26 @@ function messageView(c: Conversation, m: Message): HTMLElement {
   if (state.editing === m.id) fillEditor(m, v);
   else fillMessage(m, !streaming);
   return article;
+}
+
+/** A user message's images (shown from their data: URLs), or a note for one not kept in storage. */
+function imagesView(images: ChatImage[]): HTMLElement {
+  return el(
+    "div",
+    { class: "message-images", role: "group", "aria-label": images.length === 1 ? "Image" : `${images.length} images` },
+    ...images.map((img) =>
+      img.url
+        ? el("img", { class: "message-image", src: img.url, alt: img.name, title: img.name })
+        : el("p", {
+            class: "image-dropped muted small",
+            text: `Image “${img.name}” (${sizeText(img.bytes)}) was too large to keep in this browser's storage: it is no longer shown or sent.`,
+          }),
+    ),
+  );
+}
+
+function sizeText(bytes: number): string {
+  return bytes >= 1024 * 1024 ? `${(bytes / (1024 * 1024)).toFixed(1)} MB` : `${Math.max(1, Math.round(bytes / 1024))} KB`;
 }
 
 function messageText(m: Message): string {
@@ -770,10 +810,12 @@ function fillEditor(m: Message, v: View): void {
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     const text = ta.value;
-    if (!text.trim() || !state.current || !settingsOk()) return;
+    if ((!text.trim() && !m.images?.length) || !state.current || !settingsOk()) return;
     state.editing = null;
     const c = state.current;
     const user = addMessage(c, m.parent, "user", text);
+    // The new version keeps the images of the one edited.
+    if (m.images?.length) user.images = m.images.map((i) => ({ ...i }));
     void startReply(c, user);
   });
   ta.addEventListener("keydown", (e) => {
@@ -828,17 +870,24 @@ function refreshControls(): void {
 
 async function submitPrompt(): Promise<void> {
   const text = ui.prompt.value;
-  if (!text.trim() || streamOf(state.current)) return;
+  const images = state.pending;
+  if ((!text.trim() && !images.length) || streamOf(state.current)) return;
   if (!settingsOk()) return;
   showError(null);
   let conv = state.current;
   if (!conv) {
-    conv = { id: newId(), title: titleFor([{ role: "user", content: text }]), created: Date.now(), updated: Date.now(), messages: [], leaf: null };
+    conv = { id: newId(), title: titleFor([{ role: "user", content: text, images }]), created: Date.now(), updated: Date.now(), messages: [], leaf: null };
     state.conversations.push(conv);
     state.current = conv;
     saveCurrentId(store, conv.id);
   }
   const user = addMessage(conv, conv.leaf, "user", text);
+  if (images.length) {
+    user.images = images;
+    if (conv.messages.length === 1 && !conv.renamed) conv.title = titleFor([user]);
+    state.pending = [];
+    renderAttachments();
+  }
   ui.prompt.value = "";
   fitPrompt();
   await startReply(conv, user);
@@ -955,6 +1004,138 @@ function fitPrompt(): void {
   const p = ui.prompt;
   p.style.height = "auto";
   p.style.height = `${Math.min(p.scrollHeight + 2, Math.max(96, window.innerHeight / 3))}px`;
+}
+
+// ---------- images: attach (file picker), paste, drop ----------
+
+/** The largest image file taken: its data: URL (a third larger) must fit the server's 16 MB request body. */
+const MAX_IMAGE_BYTES = 10 * 1024 * 1024;
+const MAX_IMAGES = 8;
+
+function setVision(on: boolean): void {
+  if (state.vision === on) return;
+  state.vision = on;
+  ui.attach.hidden = !on;
+  ui.imageHint.hidden = !on;
+}
+
+function readDataUrl(file: File): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => (typeof r.result === "string" ? resolve(r.result) : reject(new Error("not read as a data URL")));
+    r.onerror = () => reject(r.error ?? new Error("could not be read"));
+    r.readAsDataURL(file);
+  });
+}
+
+/** Attach image files to the message being written; anything else is refused with a message. */
+async function attachFiles(files: File[]): Promise<void> {
+  if (!files.length) return;
+  if (!state.vision) {
+    showError(`Not attached: the model “${state.modelId}” takes no images.`);
+    return;
+  }
+  const refused: string[] = [];
+  let added = 0;
+  for (const f of files) {
+    const name = f.name || "pasted image";
+    if (!f.type.startsWith("image/")) {
+      refused.push(`“${name}” is not an image${f.type ? ` (${f.type})` : ""}`);
+      continue;
+    }
+    if (f.size > MAX_IMAGE_BYTES) {
+      refused.push(`“${name}” is ${sizeText(f.size)}, more than the limit of ${sizeText(MAX_IMAGE_BYTES)}`);
+      continue;
+    }
+    if (state.pending.length >= MAX_IMAGES) {
+      refused.push(`at most ${MAX_IMAGES} images go with one message`);
+      break;
+    }
+    let url: string;
+    try {
+      url = await readDataUrl(f);
+    } catch (e) {
+      refused.push(`“${name}” could not be read (${(e as Error).message})`);
+      continue;
+    }
+    if (!IMAGE_DATA_URL.test(url)) {
+      refused.push(`“${name}” could not be read as an image`);
+      continue;
+    }
+    state.pending.push({ name, bytes: f.size, url });
+    added++;
+  }
+  renderAttachments();
+  showError(refused.length ? `Not attached: ${refused.join("; ")}.` : null);
+  if (added) {
+    const big = state.pending.some((i) => (i.url?.length ?? 0) > STORED_IMAGE_MAX_CHARS);
+    announce(
+      `${added} image${added === 1 ? "" : "s"} attached${big ? " (an image over about 750 KB is sent, but not kept with the conversation after a reload)" : ""}`,
+    );
+  }
+}
+
+/** Thumbnails of the images to send, each with a Remove button. */
+function renderAttachments(): void {
+  ui.attachments.replaceChildren(
+    ...state.pending.map((img) => {
+      const remove = el(
+        "button",
+        { type: "button", class: "icon-button attachment-remove", "aria-label": `Remove image: ${img.name}`, title: "Remove" },
+        el("span", { "aria-hidden": "true", text: "×" }),
+      );
+      remove.addEventListener("click", () => {
+        const i = state.pending.indexOf(img);
+        if (i >= 0) state.pending.splice(i, 1);
+        renderAttachments();
+        announce(`Removed image “${img.name}”`);
+        const buttons = ui.attachments.querySelectorAll<HTMLButtonElement>(".attachment-remove");
+        (buttons[Math.min(i, buttons.length - 1)] ?? ui.prompt).focus();
+      });
+      return el("li", { class: "attachment" }, el("img", { class: "attachment-thumb", src: img.url ?? "", alt: img.name, title: img.name }), remove);
+    }),
+  );
+  ui.attachments.hidden = state.pending.length === 0;
+  // A message may be images alone.
+  ui.prompt.required = state.pending.length === 0;
+}
+
+ui.attach.addEventListener("click", () => ui.attachFile.click());
+ui.attachFile.addEventListener("change", () => {
+  const files = [...(ui.attachFile.files ?? [])];
+  ui.attachFile.value = "";
+  void attachFiles(files).then(() => ui.prompt.focus());
+});
+ui.prompt.addEventListener("paste", (e) => {
+  const files = [...(e.clipboardData?.files ?? [])];
+  if (!files.length) return; // text: pasted as usual
+  e.preventDefault();
+  void attachFiles(files);
+});
+const draggingFiles = (e: DragEvent) => !!e.dataTransfer && [...e.dataTransfer.types].includes("Files");
+ui.composerBox.addEventListener("dragover", (e) => {
+  if (!draggingFiles(e)) return;
+  e.preventDefault();
+  e.dataTransfer!.dropEffect = "copy";
+  ui.composerBox.classList.add("dragging");
+});
+ui.composerBox.addEventListener("dragleave", (e) => {
+  if (!(e.relatedTarget instanceof Node && ui.composerBox.contains(e.relatedTarget))) ui.composerBox.classList.remove("dragging");
+});
+ui.composerBox.addEventListener("drop", (e) => {
+  if (!draggingFiles(e)) return;
+  e.preventDefault();
+  ui.composerBox.classList.remove("dragging");
+  void attachFiles([...e.dataTransfer!.files]);
+});
+// A file dropped anywhere else would make the browser open it, leaving the chat.
+for (const type of ["dragover", "drop"] as const) {
+  document.addEventListener(type, (e) => {
+    if (!e.defaultPrevented && draggingFiles(e)) {
+      e.preventDefault();
+      e.dataTransfer!.dropEffect = "none";
+    }
+  });
 }
 
 ui.composer.addEventListener("submit", (e) => {

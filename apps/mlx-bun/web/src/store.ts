@@ -37,12 +37,33 @@ export interface ToolCall {
   arguments: string;
 }
 
+/**
+ * An image of a user message, sent as an OpenAI `image_url` part (a data: URL) before its text.
+ * `url` is absent when the image was too large to keep in the browser's storage: the message
+ * then shows a note in its place, and the image is no longer sent.
+ */
+export interface ChatImage {
+  name: string;
+  /** The file's size in bytes. */
+  bytes: number;
+  /** `data:image/…;base64,…` */
+  url?: string;
+}
+
+/** The largest image (its data: URL's length) kept in stored conversations; larger ones are dropped from storage, with a note. */
+export const STORED_IMAGE_MAX_CHARS = 1024 * 1024;
+
+/** A data: URL of an image, in base64: the only image URL the page sends, shows or reads back. */
+export const IMAGE_DATA_URL = /^data:image\/[a-z0-9.+-]+;base64,[a-z0-9+/]*={0,2}$/i;
+
 export interface Message {
   id: string;
   /** The message this one follows; null for the first turn. */
   parent: string | null;
   role: Role;
   content: string;
+  /** Images of a user message (sent before its text). */
+  images?: ChatImage[];
   /** The model's reasoning (`reasoning_content`). */
   reasoning?: string;
   toolCalls?: ToolCall[];
@@ -106,6 +127,13 @@ function toStats(v: unknown): ReplyStats | undefined {
   return s;
 }
 
+function toImage(v: unknown): ChatImage | null {
+  if (!isObj(v) || typeof v.name !== "string") return null;
+  const img: ChatImage = { name: v.name, bytes: num(v.bytes) ?? 0 };
+  if (typeof v.url === "string" && IMAGE_DATA_URL.test(v.url)) img.url = v.url;
+  return img;
+}
+
 function toToolCall(v: unknown): ToolCall | null {
   if (!isObj(v)) return null;
   const fn = isObj(v.function) ? v.function : v;
@@ -132,6 +160,10 @@ function toMessage(v: unknown, fallback: { id: string; parent: string | null; cr
     created: num(v.created) ?? fallback.created,
   };
   if (typeof v.reasoning === "string" && v.reasoning) m.reasoning = v.reasoning;
+  if (m.role === "user" && Array.isArray(v.images)) {
+    const images = v.images.map(toImage).filter((x): x is ChatImage => x !== null);
+    if (images.length) m.images = images;
+  }
   if (Array.isArray(v.toolCalls)) {
     const calls = v.toolCalls.map(toToolCall).filter((c): c is ToolCall => c !== null);
     if (calls.length) m.toolCalls = calls;
@@ -190,11 +222,32 @@ export function sortConversations(list: Conversation[]): Conversation[] {
   return [...list].sort((a, b) => b.updated - a.updated);
 }
 
-/** Save the conversations that have at least one message. Returns false when storage refused (full, or disabled). */
-export function saveConversations(store: KeyValueStore, list: Conversation[]): boolean {
+/** The JSON of conversations, each image's data dropped when it is over `maxImageChars` (the conversations in memory keep theirs). */
+function conversationsJson(list: Conversation[], maxImageChars: number): string {
+  return JSON.stringify(list, (key, value: unknown) => {
+    if (key !== "images" || !Array.isArray(value)) return value;
+    return value.map((img: ChatImage) => (img.url && img.url.length > maxImageChars ? { name: img.name, bytes: img.bytes } : img));
+  });
+}
+
+/**
+ * Save the conversations that have at least one message. Images larger than
+ * STORED_IMAGE_MAX_CHARS are not kept (localStorage holds a few MB per site); when the rest does not
+ * fit either, every image is dropped from storage and the text is kept ("without-images").
+ * false: storage refused even that (full, or disabled).
+ */
+export function saveConversations(store: KeyValueStore, list: Conversation[]): true | "without-images" | false {
+  const saved = list.filter((c) => c.messages.length > 0);
   try {
-    store.setItem(KEYS.conversations, JSON.stringify(list.filter((c) => c.messages.length > 0)));
+    store.setItem(KEYS.conversations, conversationsJson(saved, STORED_IMAGE_MAX_CHARS));
     return true;
+  } catch {
+    // retried below without the images
+  }
+  if (!saved.some((c) => c.messages.some((m) => m.images?.some((i) => i.url)))) return false;
+  try {
+    store.setItem(KEYS.conversations, conversationsJson(saved, 0));
+    return "without-images";
   } catch {
     return false;
   }
@@ -315,13 +368,10 @@ export function addMessage(c: Conversation, parent: string | null, role: Role, c
   return m;
 }
 
-/** A conversation's title: the start of its first user message. */
-export function titleFor(messages: Pick<Message, "role" | "content">[]): string {
-  const first =
-    messages
-      .find((m) => m.role === "user")
-      ?.content.replace(/\s+/g, " ")
-      .trim() ?? "";
+/** A conversation's title: the start of its first user message (or its first image's name). */
+export function titleFor(messages: (Pick<Message, "role" | "content"> & { images?: ChatImage[] })[]): string {
+  const user = messages.find((m) => m.role === "user");
+  const first = user?.content.replace(/\s+/g, " ").trim() || (user?.images?.length ? `Image: ${user.images[0]!.name}` : "");
   if (!first) return "New conversation";
   return first.length > 60 ? `${first.slice(0, 57)}…` : first;
 }
@@ -329,11 +379,12 @@ export function titleFor(messages: Pick<Message, "role" | "content">[]): string 
 /**
  * The messages to send: the system prompt, then the turns. A failed or empty reply is left out
  * together with the user turn it answered, so the roles keep alternating as chat templates require.
+ * A user message with images is a list of parts: its images (image_url, data: URLs), then its text.
  * Reasoning is not sent back (as OpenAI-style clients do); a reply that only called tools is sent
  * as its calls, described in text (the page runs no tools, so there is no tool result to pair).
  */
-export function apiMessages(messages: Pick<Message, "role" | "content" | "toolCalls">[], systemPrompt: string): { role: Role; content: string }[] {
-  const out: { role: Role; content: string }[] = [];
+export function apiMessages(messages: (Pick<Message, "role" | "content" | "toolCalls"> & { images?: ChatImage[] })[], systemPrompt: string): ApiMessage[] {
+  const out: ApiMessage[] = [];
   if (systemPrompt.trim()) out.push({ role: "system", content: systemPrompt });
   for (const m of messages) {
     if (m.role === "system") continue;
@@ -343,9 +394,21 @@ export function apiMessages(messages: Pick<Message, "role" | "content" | "toolCa
       if (out.at(-1)?.role === "user") out.pop();
       continue;
     }
-    out.push({ role: m.role, content });
+    // A user message's images go first, as image_url parts (the ones not kept in storage are gone).
+    const urls = m.role === "user" ? (m.images ?? []).flatMap((i) => (i.url ? [i.url] : [])) : [];
+    if (urls.length) {
+      const parts: ContentPart[] = urls.map((url) => ({ type: "image_url", image_url: { url } }));
+      if (content) parts.push({ type: "text", text: content });
+      out.push({ role: m.role, content: parts });
+    } else out.push({ role: m.role, content });
   }
   return out;
+}
+
+export type ContentPart = { type: "image_url"; image_url: { url: string } } | { type: "text"; text: string };
+export interface ApiMessage {
+  role: Role;
+  content: string | ContentPart[];
 }
 
 /** Conversations whose title or any message (any branch) holds every word of `query`, case-insensitive. */
