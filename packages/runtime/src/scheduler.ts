@@ -9,6 +9,7 @@ import { asBatchCache, type Cache, mergeRows, takeBatchRows } from "@mlx-bun/kv-
 import { codecFor } from "@mlx-bun/models";
 import { yieldToEventLoop } from "./async.ts";
 import { prefillChunk } from "./batch-prefill.ts";
+import { checkImages, hasImages, prefillImages } from "./images.ts";
 import type { GenerationEngine, PrefillProgress, RunOptions } from "./engine-contract.ts";
 import { type PromptCache, PromptCacheError } from "./prompt-cache.ts";
 import { RequestError, validateRequest } from "./request.ts";
@@ -82,7 +83,8 @@ class Entry extends Row {
   ) {
     super(seq);
     const n = seq.req.promptIds.length;
-    this.checkpoints = [...new Set(seq.req.cacheCheckpoints ?? [])].filter((c) => c > 0 && c < n - 1).sort((a, b) => a - b);
+    // Image prompts keep no prompt-cache snapshots (images.ts).
+    this.checkpoints = hasImages(seq.req) ? [] : [...new Set(seq.req.cacheCheckpoints ?? [])].filter((c) => c > 0 && c < n - 1).sort((a, b) => a - b);
   }
 }
 
@@ -163,6 +165,7 @@ export class Scheduler {
   submit(req: GenerateRequest, opts: SubmitOptions = {}): GenerationStream {
     if (this.#closed) throw new RequestError("the scheduler is closed");
     validateRequest(req, this.engine);
+    checkImages(req, this.engine);
     const bytes = this.bytesFor(req.promptIds.length, req.maxTokens);
     if (bytes > this.memoryBudgetBytes) {
       throw new RequestError(`the request needs ${bytes} bytes of KV cache, more than the budget of ${this.memoryBudgetBytes}`);
@@ -171,7 +174,7 @@ export class Scheduler {
     const k = this.#batchDraftTokens(req);
     if (k > 0) return this.#enqueue(req, this.bytesFor(req.promptIds.length, req.maxTokens + k), opts, k);
     // Requests whose processors do asynchronous work per token decode plainly (the draft rounds are synchronous).
-    if (this.speculative && this.speculative.draftTokensFor(req) > 0 && !req.logitsProcessors?.some((p) => p.advance))
+    if (this.speculative && this.speculative.draftTokensFor(req) > 0 && !req.logitsProcessors?.some((p) => p.advance) && !hasImages(req))
       return this.speculative.generate(req, opts);
     const seq = new Sequence(req, this.engine.loaded.tokenizer);
     this.#pending.push(new Entry(seq, bytes, opts.onPrefill));
@@ -258,9 +261,12 @@ export class Scheduler {
       }
       // FIFO: a request that does not fit waits for memory, and so do the ones behind it.
       if ((this.#rows.length || group.length) && this.#reserved + e.bytes > this.memoryBudgetBytes) break;
+      // An image prompt is prefilled in a group of its own (images.ts).
+      if (group.length && hasImages(e.seq.req)) break;
       this.#pending.shift();
       this.#reserved += e.bytes;
       group.push(e);
+      if (hasImages(e.seq.req)) break;
     }
     if (!group.length) return;
     this.stats.prefills++;
@@ -270,7 +276,7 @@ export class Scheduler {
     try {
       const rows = group.map((e) => {
         const prompt = e.seq.req.promptIds;
-        const hit = this.promptCache?.lookup(prompt, { signatures: this.#cacheSignatures() }) ?? null;
+        const hit = hasImages(e.seq.req) ? null : (this.promptCache?.lookup(prompt, { signatures: this.#cacheSignatures() }) ?? null);
         e.seq.cachedTokens = hit?.cachedTokens ?? 0;
         e.onPrefill?.(0, prompt.length - e.seq.cachedTokens);
         return hit ? hit.caches : this.engine.makeCaches();
@@ -316,7 +322,9 @@ export class Scheduler {
       if (this.#prefill) {
         // Each row's chunk: up to prefillStep tokens, ending at its next checkpoint (mlx_lm.server's segments).
         const chunks = g.rows.map((r, i) => g.rest[i]!.slice(0, this.#chunkLength(r, g.rest[i]!.length)));
-        prefillChunk(this.engine, g.caches, chunks);
+        const images = g.rows.length === 1 ? g.rows[0]!.seq.req.images : undefined;
+        if (images?.length) prefillImages(this.engine, g.caches, chunks[0]!, images);
+        else prefillChunk(this.engine, g.caches, chunks);
         g.rest = g.rest.map((t, i) => t.slice(chunks[i]!.length));
         g.rows.forEach((r, i) => {
           r.prefilled += chunks[i]!.length;
@@ -339,7 +347,7 @@ export class Scheduler {
     for (const p of ready) {
       // The prompt's end (all but its last token): a later prompt extending it reuses it, wrapped window or not.
       p.rows.forEach((r, i) => {
-        if (this.promptCache && this.#fed(r) > r.seq.cachedTokens) this.#checkpoint(r, { caches: p.caches, solo: g.solo }, i);
+        if (this.promptCache && this.#fed(r) > r.seq.cachedTokens && !hasImages(r.seq.req)) this.#checkpoint(r, { caches: p.caches, solo: g.solo }, i);
       });
       this.#startDecoding(p.rows, p.caches, g.solo);
     }
@@ -352,6 +360,7 @@ export class Scheduler {
 
   /** The row's next prefill chunk: at most prefillStep of its `left` tokens, ending at its next checkpoint. */
   #chunkLength(r: Entry, left: number): number {
+    if (hasImages(r.seq.req)) return left; // one chunk: the image tokens' soft tokens go in together (images.ts)
     const fed = this.#fed(r);
     const next = this.promptCache ? r.checkpoints.find((c) => c > fed) : undefined;
     return Math.min(this.engine.prefillStep, left, next === undefined ? left : next - fed);
@@ -468,7 +477,7 @@ export class Scheduler {
   /** Put the caches of rows that finished (not cancelled) into the prompt cache. */
   #remember(rows: readonly Entry[], caches: readonly Cache[], solo: boolean): void {
     rows.forEach((r, i) => {
-      if (!r.seq.done || r.seq.finishReason === "cancelled") return;
+      if (!r.seq.done || r.seq.finishReason === "cancelled" || hasImages(r.seq.req)) return;
       // A row holds the prompt and the generated tokens it was fed (one more when a pipelined step
       // fed it before it finished); insert keeps the ids the caches hold.
       const ids = [...r.seq.history, ...r.fedAhead];
