@@ -13,6 +13,13 @@ block): the published values (patch 16, pooling 3, rescale 1/255, no normalize) 
 `max_soft_tokens` budget, so prompts stay short.
 
 Variants:
+  u   gemma4_unified (the 12B, encoder-free): the 12B's text side as make_gemma4_published.py
+      scales it (k_eq_v, 5 sliding + 1 full, "vision" bidirectional setting), and mlx-vlm's
+      VisionEmbedder (patch LayerNorm -> Linear -> LayerNorm, 2-D position table, pos_norm) with
+      model patches of 48 = 16 x 3, embed dim 64, a 280-entry position table; processor_config.json
+      for Gemma4UnifiedImageProcessor with the published budget (max_soft_tokens 280): mlx-vlm
+      0.7.10's `load` replaces the processor's image processor by `Gemma4UnifiedImageProcessor()`
+      (its defaults, whatever processor_config.json says), so only the defaults are comparable.
   e   E2B/E4B-style: clipped linears in the vision tower (use_clipped_linears), no standardize,
       causal text attention (text_config.use_bidirectional_attention null).
   l   26B/31B-style: plain linears, standardize (std_bias/std_scale), and
@@ -35,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_tiny_model as mtm  # noqa: E402
 
 MAX_SOFT_TOKENS = 70  # one of the published budgets (70, 140, 280, 560, 1120)
+UNIFIED_SOFT_TOKENS = 280  # Gemma4UnifiedImageProcessor's default, which mlx-vlm's load always uses
 
 
 def vision_config(variant: str) -> dict:
@@ -97,6 +105,56 @@ def processor_config() -> dict:
     }
 
 
+def unified_config() -> dict:
+    import make_gemma4_published as mgp
+
+    c = mgp.tiny_config("12b")
+    c["vision_config"] = {
+        "model_type": "gemma4_unified_vision",
+        "patch_size": 16,
+        "pooling_kernel_size": 3,
+        "model_patch_size": 48,
+        "mm_embed_dim": 64,
+        "mm_posemb_size": UNIFIED_SOFT_TOKENS,
+        "num_soft_tokens": UNIFIED_SOFT_TOKENS,
+        "output_proj_dims": 64,
+        "rms_norm_eps": 1e-6,
+    }
+    c["audio_config"] = None
+    c["vision_soft_tokens_per_image"] = UNIFIED_SOFT_TOKENS
+    return dict(sorted(c.items()))
+
+
+def unified_processor_config() -> dict:
+    p = processor_config()
+    ip = p["image_processor"]
+    ip.update(
+        image_processor_type="Gemma4UnifiedImageProcessor",
+        max_soft_tokens=UNIFIED_SOFT_TOKENS,
+        model_patch_size=48,
+        mm_posemb_size=UNIFIED_SOFT_TOKENS,
+    )
+    p["image_seq_length"] = UNIFIED_SOFT_TOKENS
+    p["processor_class"] = "Gemma4UnifiedProcessor"
+    return p
+
+
+def build_unified_weights(config: dict, seed: int) -> dict:
+    """mlx-vlm's gemma4_unified parameter tree (language model, vision_embedder, embed_vision), seeded."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    import make_gemma4_published as mgp
+
+    dtype = getattr(mx, config["text_config"]["dtype"])
+    model = mgp.vlm_model(config)
+    if model.vision_embedder is None:
+        raise SystemExit("mlx-vlm built no vision_embedder for this config")
+    out = {n: mx.array(mtm.init_value(n, tuple(p.shape), seed)).astype(dtype) for n, p in tree_flatten(model.parameters())}
+    mx.eval(out)
+    return dict(sorted(out.items()))
+
+
 def build_weights(config: dict, seed: int, dtype: str) -> dict:
     """mlx-vlm's parameter tree for this config, filled with seeded values."""
     import mlx.core as mx
@@ -132,6 +190,15 @@ def make(variant: str, out: Path, seed: int = 0, dtype: str = "bfloat16") -> Pat
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
+    if variant == "u":
+        config = unified_config()
+        mtm.write_common(out, config, template_in_config=False)
+        gen = json.loads((out / "generation_config.json").read_text())
+        gen["eos_token_id"] = config["eos_token_id"]
+        (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+        (out / "processor_config.json").write_text(json.dumps(unified_processor_config(), indent=2) + "\n")
+        mtm.write_weights(out, build_unified_weights(config, seed), 1)
+        return out
     config = model_config(variant, dtype)
     mtm.write_common(out, config, template_in_config=False)
     (out / "processor_config.json").write_text(json.dumps(processor_config(), indent=2) + "\n")
@@ -153,7 +220,8 @@ def check(path: Path) -> dict:
         add_generation_prompt=True,
     )
     inputs = processor(images=[img], text=prompt, return_tensors="mlx")
-    logits = model(inputs["input_ids"], pixel_values=inputs["pixel_values"])
+    extra = {"image_position_ids": inputs["image_position_ids"]} if "image_position_ids" in inputs else {}
+    logits = model(inputs["input_ids"], pixel_values=inputs["pixel_values"], **extra)
     logits = getattr(logits, "logits", logits)
     mx.eval(logits)
     ids = inputs["input_ids"][0].tolist()
@@ -166,7 +234,7 @@ def config_image_token(path: Path) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variant", choices=["e", "l"], default="e")
+    ap.add_argument("--variant", choices=["e", "l", "u"], default="e")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--suite", type=Path, help="write vision-e and vision-l into this folder")
     ap.add_argument("--seed", type=int, default=0)

@@ -4,7 +4,10 @@
     gemma4_vision_oracle.py pixels  CKPT OUT.safetensors IMAGE...
         mlx-vlm's image processor (processing_gemma4.Gemma4ImageProcessor as loaded from CKPT's
         processor_config.json, images opened by mlx_vlm.utils.load_image): pixel_values per image
-        ("pixels.<i>", float32 [3, H, W]) and soft-token counts (metadata "soft_tokens").
+        ("pixels.<i>", float32 [3, H, W]) and soft-token counts (metadata "soft_tokens"). For a
+        gemma4_unified checkpoint (Gemma4UnifiedImageProcessor): the model patches "patches.<i>"
+        (float32 [max_soft_tokens, 3·48²], zero padded) and "positions.<i>" (int32
+        [max_soft_tokens, 2], (x, y), -1 padded) as well.
     gemma4_vision_oracle.py run     CKPT OUT.safetensors REQUEST.json
         REQUEST: {"messages": [...chat messages, image parts {"type": "image"}...],
                   "images": [paths], "steps": N}
@@ -41,15 +44,21 @@ def pixels(ckpt, out, images):
     from pathlib import Path
 
     from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4ImageProcessor
+    from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedImageProcessor
 
     # The image_processor block as Gemma4Processor.from_pretrained extracts it (no tokenizer needed).
     cfg = json.loads((Path(ckpt) / "processor_config.json").read_text())
     ip = dict(cfg.get("image_processor", {}))
-    ip.pop("image_processor_type", None)
-    image_processor = Gemma4ImageProcessor(**ip)
+    unified = ip.pop("image_processor_type", None) == "Gemma4UnifiedImageProcessor"
+    image_processor = (Gemma4UnifiedImageProcessor if unified else Gemma4ImageProcessor)(**ip)
     arrays, counts = {}, []
     for i, path in enumerate(images):
         data, n = image_processor([load_image(path)])
+        if unified:
+            arrays[f"patches.{i}"] = mx.array(np.asarray(data["pixel_values"][0], dtype=np.float32))
+            arrays[f"positions.{i}"] = mx.array(np.asarray(data["image_position_ids"][0], dtype=np.int32))
+            counts.append(int(n[0]))
+            continue
         pv = data["pixel_values"]
         pv = pv[0] if isinstance(pv, list) else pv[0]
         arrays[f"pixels.{i}"] = mx.array(np.asarray(pv, dtype=np.float32))
@@ -73,9 +82,12 @@ def run(ckpt, out, request_path):
     kwargs = {}
     if "mm_token_type_ids" in inputs:
         kwargs["mm_token_type_ids"] = inputs["mm_token_type_ids"]
+    enc = {}
+    if "image_position_ids" in inputs:  # gemma4_unified: the padded patches' positions
+        enc["image_position_ids"] = kwargs["image_position_ids"] = inputs["image_position_ids"]
     result = {"input_ids": ids.astype(mx.int32)}
     if pv is not None:
-        result["features"] = model.encode_image(pv if not isinstance(pv, list) else pv)
+        result["features"] = model.encode_image(pv if not isinstance(pv, list) else pv, **enc)
     cache = model.make_cache()
     logits = model(ids, pixel_values=pv, cache=cache, **kwargs)
     logits = getattr(logits, "logits", logits)

@@ -55,6 +55,16 @@ export {
   resizeBicubic,
 } from "./vision/preprocess.ts";
 export { Gemma4Vision, type MultimodalTokens, parseMultimodalTokens, parseVisionConfig, type VisionConfig } from "./vision/tower.ts";
+export {
+  Gemma4UnifiedVision,
+  loadVisionEncoder,
+  type ModelPatches,
+  modelPatches,
+  parseUnifiedVisionConfig,
+  takesImages,
+  type UnifiedVisionConfig,
+  type VisionEncoder,
+} from "./vision/unified.ts";
 export { bidirectionalVision, expandImageTokens, multimodalInputs, type OwnedForwardInputs } from "./vision/embed.ts";
 export { type ForwardInputs, Gemma4Model } from "./model/gemma4.ts";
 export { type DrafterKv, Gemma4Assistant, isAssistantDir, type LoadedAssistant, loadAssistant } from "./model/assistant.ts";

@@ -7,6 +7,7 @@ import { type Gemma4Config, loadGemma4Config } from "./config.ts";
 import { Gemma4Model } from "./model/gemma4.ts";
 import { Gemma4Tokenizer } from "./tokenizer.ts";
 import { parseVisionConfig } from "./vision/tower.ts";
+import { parseUnifiedVisionConfig } from "./vision/unified.ts";
 import { type LoadedWeights, loadWeights, MULTIMODAL_DROP_REASON } from "./weights.ts";
 
 /** Everything generation needs from one checkpoint. Dispose it to free the weights. */
@@ -52,9 +53,8 @@ export function loadTextSide(dir: string): { config: Gemma4Config; tokenizer: Ge
 function imageNote(config: Gemma4Config): string {
   try {
     if (parseVisionConfig(config)) return "the vision tower loads with the first image";
-    return config.modelType === "gemma4_unified"
-      ? "images for gemma4_unified (its encoder-free embedder) are not supported yet"
-      : "config.json has no vision_config, so images are not taken";
+    if (parseUnifiedVisionConfig(config)) return "the vision embedder loads with the first image";
+    return "config.json has no vision_config, so images are not taken";
   } catch (e) {
     return `image input is not available: ${(e as Error).message}`;
   }

@@ -2,7 +2,7 @@
 // they depend on this contract, not on the Engine that is built on them.
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import type { Cache } from "@mlx-bun/kv-cache";
-import type { ForwardInputs, Gemma4Vision, KvMode, LoadedModel } from "@mlx-bun/models";
+import type { ForwardInputs, KvMode, LoadedModel, VisionEncoder } from "@mlx-bun/models";
 import type { PrefillModel } from "./batch-prefill.ts";
 import type { RequestLimits } from "./request.ts";
 import type { GenerateRequest, GenerationStream } from "./types.ts";
@@ -28,7 +28,7 @@ export interface GenerationEngine extends RequestLimits, PrefillModel {
    */
   forwardHidden?(ids: MlxArray, caches: Cache[]): { hidden: MlxArray; logits: MlxArray };
   /** The vision tower (loaded on first use); null when the checkpoint has none. Absent: no images. */
-  vision?(): Gemma4Vision | null;
+  vision?(): VisionEncoder | null;
   /** A forward step with media inputs (images' soft tokens, masks): Gemma4Model.forward's `inputs`. */
   forwardWith?(ids: MlxArray, caches: Cache[], inputs: ForwardInputs): MlxArray;
   /** Feed all but the last `keep` of `ids` into `caches` in prefillStep chunks; returns the ids not fed. */

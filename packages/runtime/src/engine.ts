@@ -4,7 +4,17 @@ import { basename } from "node:path";
 import { MlxError, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, KVCache, plainCodec, QuantizeAfterKVCache } from "@mlx-bun/kv-cache";
-import { checkKvMode, type ForwardInputs, Gemma4Vision, type KvMode, kvModeName, type LoadedModel, loadModel, parseKvMode } from "@mlx-bun/models";
+import {
+  checkKvMode,
+  type ForwardInputs,
+  type KvMode,
+  kvModeName,
+  type LoadedModel,
+  loadModel,
+  loadVisionEncoder,
+  parseKvMode,
+  type VisionEncoder,
+} from "@mlx-bun/models";
 import { prefillChunk } from "./batch-prefill.ts";
 import type { StepModel } from "./distributed.ts";
 import type { GenerationEngine, PrefillProgress, RunOptions } from "./engine-contract.ts";
@@ -45,7 +55,7 @@ export class Engine implements GenerationEngine, Disposable {
   /** generate(): one request at a time, queued FIFO. */
   #alone: Scheduler | undefined;
   /** The vision tower: undefined until first asked for, null when the checkpoint has none. */
-  #vision: Gemma4Vision | null | undefined;
+  #vision: VisionEncoder | null | undefined;
 
   constructor(
     readonly loaded: LoadedModel,
@@ -105,11 +115,11 @@ export class Engine implements GenerationEngine, Disposable {
   }
 
   /** The checkpoint's vision tower, loaded on first use (the engine owns it); null when it has none. */
-  vision(): Gemma4Vision | null {
+  vision(): VisionEncoder | null {
     if (this.#vision === undefined) {
       if (this.#model !== this.loaded.model)
         throw new MlxError("images: this engine runs its steps through another model (tensor parallel), which takes no images");
-      this.#vision = Gemma4Vision.load(this.loaded.dir, this.loaded.config);
+      this.#vision = loadVisionEncoder(this.loaded.dir, this.loaded.config);
     }
     return this.#vision;
   }

@@ -8,7 +8,7 @@
 // token ids do not name).
 import { evaluate, memory, MlxArray } from "@mlx-bun/mlx-ffi";
 import type { Cache } from "@mlx-bun/kv-cache";
-import { type ForwardInputs, type Gemma4Vision, multimodalInputs, type PreprocessedImage } from "@mlx-bun/models";
+import { type ForwardInputs, type VisionEncoder, multimodalInputs, type PreprocessedImage } from "@mlx-bun/models";
 import type { GenerationEngine } from "./engine-contract.ts";
 import { RequestError } from "./request.ts";
 import type { GenerateRequest } from "./types.ts";
@@ -18,7 +18,7 @@ export type ImageInput = PreprocessedImage;
 
 /** An engine that can take images: its vision tower and a forward pass with media inputs. */
 export interface ImageEngine {
-  vision(): Gemma4Vision | null;
+  vision(): VisionEncoder | null;
   forwardWith(ids: MlxArray, caches: Cache[], inputs: ForwardInputs): MlxArray;
 }
 

@@ -16,7 +16,7 @@ import {
   loadImageProcessorConfig,
   type MultimodalTokens,
   parseMultimodalTokens,
-  parseVisionConfig,
+  takesImages,
   type PreprocessedImage,
   preprocessImage,
 } from "@mlx-bun/models";
@@ -37,7 +37,7 @@ export interface ImageSupport {
 
 /** The image support of a loaded checkpoint, or null when it has no vision tower. */
 export function imageSupportFor(loaded: { dir: string; config: Gemma4Config }, o: { allowRemote?: boolean } = {}): ImageSupport | null {
-  if (!parseVisionConfig(loaded.config)) return null;
+  if (!takesImages(loaded.config)) return null;
   return { processor: loadImageProcessorConfig(loaded.dir), tokens: parseMultimodalTokens(loaded.config), allowRemote: o.allowRemote ?? false };
 }
 

@@ -84,7 +84,8 @@ export function loadImageProcessorConfig(dir: string): ImageProcessorConfig {
   };
   return {
     patchSize: int("patch_size", D.patchSize),
-    maxSoftTokens: int("max_soft_tokens", D.maxSoftTokens),
+    // Gemma4UnifiedImageProcessor takes num_soft_tokens where max_soft_tokens is absent.
+    maxSoftTokens: ip.max_soft_tokens == null ? int("num_soft_tokens", D.maxSoftTokens) : int("max_soft_tokens", D.maxSoftTokens),
     poolingKernelSize: int("pooling_kernel_size", D.poolingKernelSize),
     doResize: bool("do_resize", D.doResize),
     doRescale: bool("do_rescale", D.doRescale),

@@ -1,0 +1,180 @@
+// gemma4_unified (the 12B, encoder-free) images against mlx-vlm 0.7.10 on a tiny random checkpoint
+// (tools/make-tiny-model/make_tiny_vision_model.py --variant u: the 12B's text side scaled down,
+// mlx-vlm's own VisionEmbedder with 48-pixel model patches). References:
+// tools/oracle/gemma4_vision_oracle.py `pixels` (Gemma4UnifiedImageProcessor: model patches and
+// position ids) and `run` (processor + Model.__call__ + greedy decode through the language
+// model's cache).
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { loadSafetensors, type MlxArray, memory } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import sharp from "sharp";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { runPython } from "../../../tools/oracle/oracle.ts";
+import { loadModel } from "../src/load.ts";
+import { expandImageTokens, multimodalInputs } from "../src/vision/embed.ts";
+import { decodeImage, loadImageProcessorConfig, preprocessImage } from "../src/vision/preprocess.ts";
+import { Gemma4UnifiedVision, loadVisionEncoder, modelPatches, takesImages } from "../src/vision/unified.ts";
+import { ROOT } from "./helpers.ts";
+
+const MAKER = join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py");
+const ORACLE = join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py");
+const STEPS = 12;
+
+let dir: string;
+let ckpt: string;
+const images: string[] = [];
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), "mlxb-vision-unified-"));
+  ckpt = join(dir, "vision-u");
+  runPython([MAKER, "--variant", "u", "--out", ckpt]);
+  const mk = async (name: string, w: number, h: number, seed: number) => {
+    const b = Buffer.alloc(w * h * 3);
+    let s = seed;
+    for (let i = 0; i < b.length; i++) {
+      s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+      b[i] = ((i % (w * 3)) + (s >>> 26)) & 255;
+    }
+    const p = join(dir, name);
+    await sharp(b, { raw: { width: w, height: h, channels: 3 } })
+      .png()
+      .toFile(p);
+    images.push(p);
+  };
+  await mk("a.png", 130, 100, 1);
+  await mk("b.png", 64, 200, 2);
+  await mk("c.png", 480, 480, 3); // already a multiple of 48: no resize, 100 patches
+  // Warm-up: the process-lived compiled functions (geglu, softcap) are made on first use; the
+  // memory checks below then see only what one request leaves behind.
+  using lm = loadModel(ckpt);
+  using vision = loadVisionEncoder(ckpt, lm.config)!;
+  const pre = preprocessImage(await decodeImage(readFileSync(images[0]!)), loadImageProcessorConfig(ckpt));
+  using f = vision.encode(pre);
+  const ids = expandImageTokens([2, vision.tokens.imageTokenId, 5], [pre.softTokens], vision.tokens);
+  using mm = multimodalInputs(lm.model, vision.tokens, ids, [f]);
+  using idsArr = mx.array([ids], "int32");
+  using l = lm.model.forward(idsArr, null, mm.inputs);
+  l.eval();
+});
+
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+function argmax(a: MlxArray): number {
+  using m = mx.argmax(a);
+  return (m.item() as number) | 0;
+}
+
+function maxAbsDiff(a: MlxArray, b: MlxArray): number {
+  using af = mx.astype(a, "float32");
+  using bf = mx.astype(b, "float32");
+  using br = mx.reshape(bf, af.shape);
+  using d = mx.subtract(af, br);
+  using ad = mx.abs(d);
+  using m = mx.max(ad);
+  return m.item() as number;
+}
+
+describe("gemma4_unified images = mlx-vlm", () => {
+  it("model patches and position ids equal Gemma4UnifiedImageProcessor's (padded to its budget)", async () => {
+    const out = join(dir, "pixels.safetensors");
+    runPython([ORACLE, "pixels", ckpt, out, ...images]);
+    using ref = loadSafetensors(out);
+    const counts = JSON.parse(ref.metadata.soft_tokens!) as number[];
+    const cfg = loadImageProcessorConfig(ckpt);
+    for (const [i, p] of images.entries()) {
+      const pre = preprocessImage(await decodeImage(readFileSync(p)), cfg);
+      expect(pre.softTokens, `image ${i}: soft tokens`).toBe(counts[i]);
+      const mp = modelPatches(pre, cfg.patchSize * cfg.poolingKernelSize, cfg.maxSoftTokens);
+      expect(mp.count).toBe(counts[i]);
+      const rp = ref.tensors.get(`patches.${i}`)!;
+      const rq = ref.tensors.get(`positions.${i}`)!;
+      expect(rp.shape).toEqual([cfg.maxSoftTokens, mp.patchDim]);
+      expect(Buffer.from((rp.toTypedArray() as Float32Array).buffer).equals(Buffer.from(mp.patches.buffer)), `image ${i}: patches bit-identical`).toBe(true);
+      expect([...(rq.toTypedArray() as Int32Array)]).toEqual([...mp.positions]);
+    }
+  });
+
+  const CASES = [
+    { name: "one image", content: [{ type: "image" }, { type: "text", text: "What is in this picture?" }], images: [0] },
+    {
+      name: "two images with text between",
+      content: [{ type: "text", text: "Compare" }, { type: "image" }, { type: "text", text: "and" }, { type: "image" }],
+      images: [1, 2],
+    },
+  ];
+
+  it.each(CASES)("$name: prompt ids, soft tokens, prefill logits and greedy tokens equal", async (c) => {
+    const req = join(dir, "req.json");
+    const out = join(dir, "out.safetensors");
+    const paths = c.images.map((i) => images[i]!);
+    writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content: c.content }], images: paths, steps: STEPS }));
+    runPython([ORACLE, "run", ckpt, out, req]);
+    using ref = loadSafetensors(out);
+    for (const a of ref.tensors.values()) a.eval();
+
+    memory.clearCache();
+    const baseline = memory.active();
+    const handles = memory.liveHandles();
+    {
+      using lm = loadModel(ckpt);
+      expect(takesImages(lm.config)).toBe(true);
+      using vision = loadVisionEncoder(ckpt, lm.config)!;
+      expect(vision).toBeInstanceOf(Gemma4UnifiedVision);
+      const cfg = loadImageProcessorConfig(ckpt);
+      const pre = await Promise.all(paths.map(async (p) => preprocessImage(await decodeImage(readFileSync(p)), cfg)));
+      const ids = expandImageTokens(
+        lm.tokenizer.encode(ref.metadata.prompt!, { addSpecialTokens: false }),
+        pre.map((p) => p.softTokens),
+        vision.tokens,
+      );
+      expect(ids).toEqual([...(ref.tensors.get("input_ids")!.toTypedArray() as Int32Array)]);
+
+      const feats = pre.map((p) => vision.encode(p));
+      try {
+        using all = mx.concatenate(feats, 0);
+        expect(maxAbsDiff(all, ref.tensors.get("features")!), "soft tokens").toBe(0);
+        // mlx-vlm's gemma4_unified passes no token types to its language model: causal (no overlay).
+        using mm = multimodalInputs(lm.model, vision.tokens, ids, feats);
+        expect(mm.inputs.masks).toBeUndefined();
+        const caches = lm.model.makeCaches();
+        try {
+          using idsArr = mx.array([ids], "int32");
+          using logits = lm.model.forward(idsArr, caches, mm.inputs);
+          using last = mx.index(logits, 0, -1);
+          expect(maxAbsDiff(last, ref.tensors.get("prefill_logits")!), "prefill logits").toBe(0);
+          const tokens: number[] = [];
+          let y = argmax(last);
+          const refSteps = ref.tensors.get("step_logits")!;
+          for (let i = 0; i < STEPS; i++) {
+            tokens.push(y);
+            using t = mx.array([[y]], "int32");
+            using l = lm.model.forward(t, caches);
+            using row = mx.index(l, 0, -1);
+            using r = mx.index(refSteps, i);
+            expect(maxAbsDiff(row, r), `step ${i} logits`).toBe(0);
+            y = argmax(row);
+          }
+          expect(tokens).toEqual([...(ref.tensors.get("tokens")!.toTypedArray() as Int32Array)]);
+        } finally {
+          for (const k of caches) k.dispose();
+        }
+      } finally {
+        for (const f of feats) f.dispose();
+      }
+    }
+    memory.clearCache();
+    expect(memory.liveHandles()).toBe(handles);
+    expect(memory.active()).toBe(baseline);
+  });
+
+  it("refuses an image that is not whole model patches, and a processor/config disagreement", () => {
+    using lm = loadModel(ckpt);
+    using vision = loadVisionEncoder(ckpt, lm.config)!;
+    const odd = { pixels: new Float32Array(3 * 48 * 50), width: 50, height: 48, softTokens: 1 };
+    expect(() => vision.encode(odd)).toThrow(/not a whole number of 48x48 model patches/);
+    const wrong = { pixels: new Float32Array(3 * 96 * 96), width: 96, height: 96, softTokens: 3 };
+    expect(() => vision.encode(wrong)).toThrow(/gives 4 model patches but 3 soft tokens/);
+  });
+});
