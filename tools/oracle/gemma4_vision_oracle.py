@@ -89,7 +89,15 @@ def run(ckpt, out, request_path):
     if pv is not None:
         result["features"] = model.encode_image(pv if not isinstance(pv, list) else pv, **enc)
     cache = model.make_cache()
-    logits = model(ids, pixel_values=pv, cache=cache, **kwargs)
+    if "image_position_ids" in inputs:
+        # gemma4_unified: its Model.__call__ passes no mm_token_type_ids to the language model
+        # (causal image tokens); mlx_vlm.generate runs get_input_embeddings, then the language
+        # model on the whole prompt with the processor's mm_token_type_ids (the "vision"
+        # bidirectional overlay, chunked prefill off). This is generate's path.
+        emb = model.get_input_embeddings(ids, pv, **kwargs)
+        logits = model.language_model(ids, inputs_embeds=emb.inputs_embeds, cache=cache, mm_token_type_ids=kwargs.get("mm_token_type_ids"))
+    else:
+        logits = model(ids, pixel_values=pv, cache=cache, **kwargs)
     logits = getattr(logits, "logits", logits)
     result["prefill_logits"] = logits[0, -1]
     toks, steps = [], []

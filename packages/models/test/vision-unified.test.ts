@@ -135,9 +135,10 @@ describe("gemma4_unified images = mlx-vlm", () => {
       try {
         using all = mx.concatenate(feats, 0);
         expect(maxAbsDiff(all, ref.tensors.get("features")!), "soft tokens").toBe(0);
-        // mlx-vlm's gemma4_unified passes no token types to its language model: causal (no overlay).
+        // use_bidirectional_attention "vision": the image tokens attend to each other, as in
+        // mlx_vlm.generate (the oracle's reference path for gemma4_unified).
         using mm = multimodalInputs(lm.model, vision.tokens, ids, feats);
-        expect(mm.inputs.masks).toBeUndefined();
+        expect(mm.inputs.masks).toBeDefined();
         const caches = lm.model.makeCaches();
         try {
           using idsArr = mx.array([ids], "int32");

@@ -33,14 +33,12 @@ export function expandImageTokens(ids: readonly number[], softTokens: readonly n
 
 /**
  * Whether the model attends bidirectionally within an image (text_config.use_bidirectional_attention
- * == "vision"). Never for gemma4_unified: mlx-vlm 0.7.10's gemma4_unified Model.__call__ passes no
- * mm_token_type_ids to its language model, so the 12B's image tokens are causal there.
+ * == "vision"; where the key is absent, gemma4_unified's TextConfig default is "vision").
  */
 export function bidirectionalVision(model: Gemma4Model): boolean {
-  if (model.config.modelType === "gemma4_unified") return false;
   const tc = model.config.raw.text_config;
   const v = typeof tc === "object" && tc !== null ? (tc as Record<string, unknown>).use_bidirectional_attention : model.config.raw.use_bidirectional_attention;
-  return v === "vision";
+  return v === "vision" || (v === undefined && model.config.modelType === "gemma4_unified");
 }
 
 /** Forward inputs that own their arrays. */
