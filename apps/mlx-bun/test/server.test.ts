@@ -575,10 +575,10 @@ describe("bad requests", () => {
       ["temperature as a string", () => post("/v1/completions", { prompt: "hi", temperature: "hot" }), 400, "invalid_type"],
       ["no messages", () => post("/v1/chat/completions", { model: MODEL }), 400, "missing_required_parameter"],
       [
-        "an image part",
+        "an image part on a model without a vision tower",
         () => post("/v1/chat/completions", { messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }),
         400,
-        "unsupported_parameter",
+        "model_not_multimodal",
       ],
       ["logit_bias outside the vocabulary", () => post("/v1/chat/completions", chat({ logit_bias: { "99999999": 1 } })), 400, "invalid_value"],
       ["an unknown model", () => post("/v1/chat/completions", chat({ model: "gpt-4o" })), 404, "model_not_found"],
