@@ -308,7 +308,7 @@ describe("Anthropic Messages", () => {
           max_tokens: 5,
           messages: [{ role: "user", content: [{ type: "image", source: { type: "base64", media_type: "image/png", data: "" } }] }],
         },
-        "messages.0.content.0.type:",
+        "messages.0.content.0.source: the model 'tiny' has no vision tower",
       ],
       [{ model: MODEL, max_tokens: 5, messages: [{ role: "robot", content: "Hi" }] }, "messages.0.role:"],
       [

@@ -12,6 +12,7 @@ import { initialOutputState, type OutputPart } from "./chat-output.ts";
 import { type ServerCore, type Submission, sse, sseResponse } from "./core.ts";
 import { ApiError } from "./errors.ts";
 import { toApiError } from "./errors.ts";
+import { imageUrlPart, nameImageItems } from "./images.ts";
 import { type ParsedChat, parseChatRequest, parseJsonBody } from "./validate.ts";
 import { Turn, type TurnEnd } from "./turn.ts";
 
@@ -129,6 +130,67 @@ function textBlock(b: Obj, p: string): string {
   return str(b.text, `${p}.text`, true)!;
 }
 
+/** Anthropic's image media types (source.media_type), and the first bytes of each format. */
+const MEDIA_TYPES: Record<string, (b: Buffer) => boolean> = {
+  "image/jpeg": (b) => b[0] === 0xff && b[1] === 0xd8 && b[2] === 0xff,
+  "image/png": (b) => b.subarray(0, 8).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])),
+  "image/gif": (b) => b.subarray(0, 4).toString("latin1") === "GIF8",
+  "image/webp": (b) => b.subarray(0, 4).toString("latin1") === "RIFF" && b.subarray(8, 12).toString("latin1") === "WEBP",
+};
+
+/** Where each image part of the translated messages came from (its block's path), for nameImageItems. */
+type ImagePaths = WeakMap<object, string>;
+
+/**
+ * An {"type": "image"} block at `p` → the chat pipeline's image_url part (server/images.ts reads,
+ * decodes and preprocesses it): source base64 (a data: URL of media_type; the data must be of
+ * that type, as Anthropic checks) or url (read by the server's image-URL rule: http(s) only with
+ * --allow-remote-images). Files-API sources are a 400.
+ */
+function imageBlock(b: Obj, p: string, paths: ImagePaths): Obj {
+  checkFields(b, ["type", "source", "cache_control"], p);
+  const src = b.source;
+  const sp = `${p}.source`;
+  if (!isObject(src))
+    throw bad(
+      sp,
+      src === undefined ? "Field required" : `expected an object, got ${typeName(src)}`,
+      src === undefined ? "missing_required_parameter" : "invalid_type",
+    );
+  let part: Obj;
+  if (src.type === "base64") {
+    checkFields(src, ["type", "media_type", "data"], sp);
+    const media = str(src.media_type, `${sp}.media_type`, true)!;
+    const check = MEDIA_TYPES[media];
+    if (!check)
+      throw bad(
+        `${sp}.media_type`,
+        `expected one of ${Object.keys(MEDIA_TYPES)
+          .map((m) => `'${m}'`)
+          .join(", ")}, got ${JSON.stringify(media)}`,
+      );
+    const data = str(src.data, `${sp}.data`, true)!;
+    if (!/^[A-Za-z0-9+/\s]*={0,2}\s*$/.test(data)) throw bad(`${sp}.data`, "is not valid base64", "invalid_image_data");
+    const head = Buffer.from(data.slice(0, 64).replace(/\s/g, "").slice(0, 32), "base64");
+    if (head.length && !check(head)) throw bad(`${sp}.data`, `the image data does not match the provided media type ${media}`, "invalid_image_data");
+    part = imageUrlPart(`data:${media};base64,${data}`);
+  } else if (src.type === "url") {
+    checkFields(src, ["type", "url"], sp);
+    const url = str(src.url, `${sp}.url`, true)!;
+    if (!url) throw bad(`${sp}.url`, "must not be empty");
+    part = imageUrlPart(url);
+  } else if (src.type === "file") throw unsupported(`${sp}.type`, "file sources (the Files API) are not supported; send base64 data or a url");
+  else throw bad(`${sp}.type`, `expected "base64" or "url", got ${JSON.stringify(src.type)}`);
+  paths.set(part, sp);
+  return part;
+}
+
+/** A list of text parts (joined) or, with images, of text and image parts in order. */
+function joinParts(parts: (string | Obj)[]): string | Obj[] {
+  if (parts.every((x) => typeof x === "string")) return parts.join("");
+  return parts.map((x) => (typeof x === "string" ? { type: "text", text: x } : x));
+}
+
 /** How thinking is asked for: off, on (with a token budget for enabled), and whether its text is returned. */
 interface Thinking {
   enabled: boolean;
@@ -205,7 +267,10 @@ export function parseAnthropicRequest(body: Obj, core: Pick<ServerCore, "vctx">,
 
   const tools = parseTools(body.tools);
   const { toolChoice, oneToolCall } = parseToolChoice(body.tool_choice, tools);
-  const messages = [...systemMessages(body.system), ...convertMessages(body.messages)];
+  const paths: ImagePaths = new WeakMap();
+  const messages = [...systemMessages(body.system), ...convertMessages(body.messages, paths)];
+  // The image parts, in prompt order, named by their blocks' paths (messages.0.content.1.source).
+  const imagePaths = messages.flatMap((m) => (Array.isArray(m.content) ? (m.content as Obj[]).flatMap((x) => paths.get(x) ?? []) : []));
 
   const chat: Obj = { model, messages, max_tokens: maxTokens, stop: stops };
   if (temperature !== undefined) chat.temperature = temperature;
@@ -224,6 +289,7 @@ export function parseAnthropicRequest(body: Obj, core: Pick<ServerCore, "vctx">,
       throw new ApiError(400, `${e.param}: ${e.message}`, e.param, e.code);
     throw e;
   }
+  nameImageItems(parsed.messages, imagePaths);
   return { parsed, stream, thinking, oneToolCall, maxTokens };
 }
 
@@ -298,7 +364,7 @@ function parseToolChoice(v: unknown, tools: Obj[]): { toolChoice: unknown; oneTo
  * call) right after that turn, before the user's text; thinking blocks of earlier turns are
  * dropped, as Anthropic drops them from the context (and as Gemma 4's template does).
  */
-function convertMessages(v: unknown): Obj[] {
+function convertMessages(v: unknown, paths: ImagePaths): Obj[] {
   if (v === undefined || v === null) throw bad("messages", "Field required", "missing_required_parameter");
   if (!Array.isArray(v)) throw bad("messages", `expected a list, got ${typeName(v)}`, "invalid_type");
   if (v.length === 0) throw bad("messages", "at least one message is required");
@@ -321,7 +387,7 @@ function convertMessages(v: unknown): Obj[] {
         m.content === undefined ? "Field required" : `expected a string or a list of content blocks, got ${typeName(m.content)}`,
         m.content === undefined ? "missing_required_parameter" : "invalid_type",
       );
-    let text = "";
+    const parts: (string | Obj)[] = [];
     const calls: Obj[] = [];
     const results: Obj[] = [];
     m.content.forEach((b, j) => {
@@ -329,7 +395,9 @@ function convertMessages(v: unknown): Obj[] {
       if (!isObject(b)) throw bad(bp, `expected an object, got ${typeName(b)}`, "invalid_type");
       checkCacheControl(b.cache_control, bp);
       if (b.type === "text") {
-        text += textBlock(b, bp);
+        parts.push(textBlock(b, bp));
+      } else if (b.type === "image" && role === "user") {
+        parts.push(imageBlock(b, bp, paths));
       } else if (b.type === "tool_use" && role === "assistant") {
         checkFields(b, ["type", "id", "name", "input", "cache_control", "caller"], bp);
         const id = str(b.id, `${bp}.id`, true)!;
@@ -342,24 +410,39 @@ function convertMessages(v: unknown): Obj[] {
         const id = str(b.tool_use_id, `${bp}.tool_use_id`, true)!;
         const name = callNames.get(id);
         if (name === undefined) throw bad(`${bp}.tool_use_id`, `no tool_use block with id '${id}' comes before this tool_result`);
-        const content = b.content === undefined || b.content === null ? "" : textBlocks(b.content, `${bp}.content`, "tool_result content");
+        const content = b.content === undefined || b.content === null ? [] : toolResultParts(b.content, `${bp}.content`, paths);
         if (b.is_error !== undefined && b.is_error !== null && typeof b.is_error !== "boolean")
           throw bad(`${bp}.is_error`, `expected a boolean, got ${typeName(b.is_error)}`, "invalid_type");
         // Gemma 4's template has no error flag for a tool response: the text says it.
-        results.push({ role: "tool", tool_call_id: id, name, content: b.is_error === true ? `Error: ${content}` : content });
+        if (b.is_error === true) content.unshift("Error: ");
+        results.push({ role: "tool", tool_call_id: id, name, content: joinParts(content) });
       } else if ((b.type === "thinking" || b.type === "redacted_thinking") && role === "assistant") {
         checkFields(b, b.type === "thinking" ? ["type", "thinking", "signature"] : ["type", "data"], bp);
-      } else if (b.type === "tool_use" || b.type === "tool_result" || b.type === "thinking" || b.type === "redacted_thinking") {
-        throw bad(`${bp}.type`, `${b.type} blocks belong in ${b.type === "tool_result" ? "user" : "assistant"} messages`);
-      } else throw unsupported(`${bp}.type`, `${JSON.stringify(b.type)} content blocks are not supported (text, tool_use, tool_result, thinking)`);
+      } else if (b.type === "tool_use" || b.type === "tool_result" || b.type === "thinking" || b.type === "redacted_thinking" || b.type === "image") {
+        throw bad(`${bp}.type`, `${b.type} blocks belong in ${b.type === "tool_result" || b.type === "image" ? "user" : "assistant"} messages`);
+      } else throw unsupported(`${bp}.type`, `${JSON.stringify(b.type)} content blocks are not supported (text, image, tool_use, tool_result, thinking)`);
     });
-    if (role === "assistant") out.push({ role, content: text, ...(calls.length ? { tool_calls: calls } : {}) });
+    const content = joinParts(parts);
+    if (role === "assistant") out.push({ role, content, ...(calls.length ? { tool_calls: calls } : {}) });
     else {
       out.push(...results);
-      if (text || !results.length) out.push({ role, content: text });
+      if (content.length || !results.length) out.push({ role, content });
     }
   });
   return out;
+}
+
+/** tool_result content: a string, or text and image blocks (the images go to the tool message, where the template allows). */
+function toolResultParts(v: unknown, path: string, paths: ImagePaths): (string | Obj)[] {
+  if (typeof v === "string") return [v];
+  if (!Array.isArray(v)) throw bad(path, `expected a string or a list of text and image blocks, got ${typeName(v)}`, "invalid_type");
+  return v.map((b, i) => {
+    const p = `${path}.${i}`;
+    if (!isObject(b)) throw bad(p, `expected an object, got ${typeName(b)}`, "invalid_type");
+    if (b.type === "image") return imageBlock(b, p, paths);
+    if (b.type !== "text") throw unsupported(`${p}.type`, `only text and image blocks are supported in tool_result content, got ${JSON.stringify(b.type)}`);
+    return textBlock(b, p);
+  });
 }
 
 /**
@@ -444,9 +527,11 @@ export class AnthropicApi {
       const serverThinking = this.core.opts.chatTemplateArgs?.enable_thinking !== undefined;
       if (path === "/v1/messages/count_tokens") {
         const r = parseAnthropicRequest(body, this.core, true, serverThinking);
+        // Images are read and preprocessed: each counts its soft tokens (and its begin/end markers).
+        await this.core.loadImages(r.parsed);
         return this.json(req, 200, { input_tokens: this.core.promptIds(r.parsed).length });
       }
-      return this.messages(req, parseAnthropicRequest(body, this.core, false, serverThinking));
+      return await this.messages(req, parseAnthropicRequest(body, this.core, false, serverThinking));
     } catch (e) {
       const err = toApiError(e);
       const res = this.json(req, err.status, anthropicError(err));
@@ -456,6 +541,7 @@ export class AnthropicApi {
   }
 
   async messages(req: Request, r: AnthropicRequest): Promise<Response> {
+    await this.core.loadImages(r.parsed);
     const tok = this.core.opts.model.tokenizer;
     const budget = r.thinking?.budget !== undefined ? thinkingBudget(tok, r.thinking.budget) : null;
     const choiceProcessors = await this.core.grammars(r.parsed, { parallelToolCalls: !r.oneToolCall });

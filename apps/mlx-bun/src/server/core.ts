@@ -35,6 +35,11 @@ export interface ServerCore {
   authorize(req: Request): void;
   /** The body as UTF-8 text, within the body-size limit (413 beyond it). */
   readBody(req: Request): Promise<string>;
+  /**
+   * Read, decode and preprocess the images of a chat request's image items (server/images.ts) into
+   * `p.images`, before promptIds / grammars / submit: 400s name the item's path.
+   */
+  loadImages(p: ParsedRequest): Promise<void>;
   /** The prompt ids of a parsed request (chat template with tools and kwargs). */
   promptIds(p: ParsedRequest): number[];
   /**

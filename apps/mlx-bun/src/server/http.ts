@@ -35,6 +35,7 @@ import {
   type ParsedRequest,
   parseChatRequest,
   parseCompletionRequest,
+  NO_COMPLETION_IMAGES,
   parseJsonBody,
   type RequestDefaults,
   toGenerateRequest,
@@ -298,12 +299,19 @@ class App implements ServerCore {
 
   promptIds(p: ParsedRequest): number[] {
     const m = this.opts.model;
-    if (p.kind === "completion") return typeof p.prompt === "string" ? rawPromptIds(m, p.prompt) : p.prompt;
+    if (p.kind === "completion") {
+      const ids = typeof p.prompt === "string" ? rawPromptIds(m, p.prompt) : p.prompt;
+      // An image placeholder token with no image behind it (a vision model would read it as an image position).
+      const image = this.opts.images?.tokens.imageTokenId;
+      if (image !== undefined && ids.includes(image))
+        throw new ApiError(400, `the prompt holds the image placeholder token (id ${image}); ${NO_COMPLETION_IMAGES}`, "prompt", "unsupported_parameter");
+      return ids;
+    }
     const kwargs = { ...this.opts.chatTemplateArgs, ...p.chatTemplateKwargs };
     try {
       const ids = chatPromptIds(m, p.messages, { tools: p.tools, kwargs, roleMapping: p.roleMapping, timeoutMs: this.limits.templateTimeoutMs });
       // Each image placeholder becomes its image's soft tokens (server/images.ts).
-      return p.images?.length && this.opts.images ? expandPromptImages(ids, p.images, this.opts.images.tokens) : ids;
+      return p.images?.length && this.opts.images ? expandPromptImages(ids, p.images, this.opts.images.tokens, p.messages) : ids;
     } catch (e) {
       if (e instanceof ApiError) throw e;
       // A template that loops too long: stopped by its time budget (--template-timeout).
@@ -410,8 +418,12 @@ class App implements ServerCore {
     return out;
   }
 
-  async complete(req: Request, p: ParsedRequest): Promise<Response> {
+  async loadImages(p: ParsedRequest): Promise<void> {
     if (p.kind === "chat") p.images = await loadRequestImages(p.messages, this.opts.images, this.opts.modelId);
+  }
+
+  async complete(req: Request, p: ParsedRequest): Promise<Response> {
+    await this.loadImages(p);
     const choiceProcessors = await this.grammars(p);
     const { streams, promptIds, abort, done } = this.submit(req, p, choiceProcessors ? { choiceProcessors } : {});
     const meta: ResponseMeta = {

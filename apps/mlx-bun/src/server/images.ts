@@ -66,9 +66,32 @@ function isImageItem(x: unknown): x is ImageItem {
 
 /** The image items of the messages, in prompt order. */
 export function imageItems(messages: readonly ChatMessage[]): ImageItem[] {
-  const out: ImageItem[] = [];
-  for (const m of messages) if (Array.isArray(m.content)) for (const p of m.content) if (isImageItem(p)) out.push(p);
+  return imageItemsWithRole(messages).map((x) => x.item);
+}
+
+function imageItemsWithRole(messages: readonly ChatMessage[]): { item: ImageItem; role: string }[] {
+  const out: { item: ImageItem; role: string }[] = [];
+  for (const m of messages) if (Array.isArray(m.content)) for (const p of m.content) if (isImageItem(p)) out.push({ item: p, role: m.role });
   return out;
+}
+
+/**
+ * The chat content part another endpoint's image block becomes (Anthropic image blocks, Responses
+ * input_image parts): an image_url part, checked and read as /v1/chat/completions' own. Its error
+ * path is the endpoint's: give the same `param`s, in prompt order, to `nameImageItems` once the
+ * translated request is parsed.
+ */
+export function imageUrlPart(url: string): { type: "image_url"; image_url: { url: string } } {
+  return { type: "image_url", image_url: { url } };
+}
+
+/** Name the parsed request's image items (in prompt order) with the paths of the endpoint's own blocks. */
+export function nameImageItems(messages: readonly ChatMessage[], params: readonly string[]): void {
+  const items = imageItems(messages);
+  if (items.length !== params.length) throw new Error(`internal: ${items.length} image items but ${params.length} image block paths`);
+  items.forEach((it, i) => {
+    it.param = params[i]!;
+  });
 }
 
 /** Read, decode and preprocess every image of the messages (400s naming the part on bad input). */
@@ -79,8 +102,7 @@ export async function loadRequestImages(
 ): Promise<PreprocessedImage[]> {
   const items = imageItems(messages);
   if (!items.length) return [];
-  if (!support)
-    throw badField(items[0]!.param, `the model '${modelId}' has no vision tower: it does not take images (image_url content parts)`, "model_not_multimodal");
+  if (!support) throw badField(items[0]!.param, `the model '${modelId}' has no vision tower: it does not take images`, "model_not_multimodal");
   const out: PreprocessedImage[] = [];
   for (const it of items) {
     const bytes = await readImage(it, support);
@@ -155,8 +177,17 @@ async function readImage(it: ImageItem, s: ImageSupport): Promise<Uint8Array> {
   }
 }
 
-/** The prompt ids with each image placeholder expanded to its image's soft tokens (a 400 when they do not match). */
-export function expandPromptImages(ids: number[], images: readonly PreprocessedImage[], tokens: MultimodalTokens): number[] {
+/**
+ * The prompt ids with each image placeholder expanded to its image's soft tokens. A 400 when they
+ * do not match: the chat template did not render an image item, e.g. one in a tool message (tool
+ * results) — named by its part's path.
+ */
+export function expandPromptImages(
+  ids: number[],
+  images: readonly PreprocessedImage[],
+  tokens: MultimodalTokens,
+  messages: readonly ChatMessage[] = [],
+): number[] {
   try {
     return expandImageTokens(
       ids,
@@ -164,6 +195,13 @@ export function expandPromptImages(ids: number[], images: readonly PreprocessedI
       tokens,
     );
   } catch (e) {
-    throw new ApiError(400, `images: ${(e as Error).message} (the chat template wrote a different number of image placeholders)`, "messages", "invalid_value");
+    const placed = ids.filter((id) => id === tokens.imageTokenId).length;
+    const items = imageItemsWithRole(messages);
+    const tool = placed < images.length ? items.find((x) => x.role === "tool") : undefined;
+    const param = tool?.item.param ?? items[Math.min(placed, items.length - 1)]?.item.param ?? "messages";
+    const why = tool
+      ? "the model's chat template does not render images in tool messages (tool results); send the image in a user message"
+      : `${(e as Error).message} (the chat template wrote ${placed} image placeholders for ${images.length} images)`;
+    throw new ApiError(400, `${param}: ${why}`, param, "invalid_value");
   }
 }

@@ -11,6 +11,7 @@ import type { OutputPart } from "./chat-output.ts";
 import { type ServerCore, type Submission, sse, sseResponse } from "./core.ts";
 import { ApiError, badField } from "./errors.ts";
 import { toApiError } from "./errors.ts";
+import { imageUrlPart, nameImageItems } from "./images.ts";
 import { decodePathSegment } from "./limits.ts";
 import { type Turn as TurnType, Turn } from "./turn.ts";
 import { type ParsedChat, parseChatRequest, parseJsonBody } from "./validate.ts";
@@ -79,30 +80,55 @@ function checkKeys(o: Obj, allowed: readonly string[], path: string): void {
   for (const k of Object.keys(o)) if (!allowed.includes(k)) throw new ApiError(400, `Unknown parameter: '${path}.${k}'.`, `${path}.${k}`, "unknown_parameter");
 }
 
-/** Text of a content list of input_text / output_text parts (or a string). */
-function partsText(v: unknown, param: string, allowed: readonly string[]): string {
+/** Where each image part of the translated messages came from (its input_image's path), for nameImageItems. */
+type ImagePaths = WeakMap<object, string>;
+
+/**
+ * An input_image part at `pp` → the chat pipeline's image_url part (server/images.ts reads,
+ * decodes and preprocesses it): `image_url` a data: URL, an absolute path / file:// URL, or
+ * http(s) with --allow-remote-images; `file_id` (the Files API) is a 400; `detail` is checked and
+ * has no effect (Gemma 4's processor has one image size budget).
+ */
+function inputImage(p: Obj, pp: string, paths: ImagePaths): Obj {
+  checkKeys(p, ["type", "image_url", "file_id", "detail"], pp);
+  if (p.file_id !== undefined && p.file_id !== null)
+    throw unsupported(`${pp}.file_id`, `'${pp}.file_id': file inputs (the Files API) are not supported; send image_url`);
+  const url = str(p.image_url, `${pp}.image_url`, true)!;
+  if (!url) throw badField(`${pp}.image_url`, `Invalid value for '${pp}.image_url': expected a non-empty URL.`);
+  const detail = p.detail;
+  if (detail !== undefined && detail !== null && !["auto", "low", "high", "original"].includes(detail as string))
+    throw badField(`${pp}.detail`, `Invalid value for '${pp}.detail': expected one of 'auto', 'low', 'high', 'original', got ${JSON.stringify(detail)}.`);
+  const part = imageUrlPart(url);
+  paths.set(part, `${pp}.image_url`);
+  return part;
+}
+
+/** A content list of input_text / output_text parts (or a string) as text; with input_image parts, as text and image parts in order. */
+function parts(v: unknown, param: string, allowed: readonly string[], paths: ImagePaths): string | Obj[] {
   if (typeof v === "string") return v;
   if (!Array.isArray(v))
     throw badField(param, `Invalid type for '${param}': expected a string or a list of content parts, but got ${typeName(v)} instead.`, "invalid_type");
-  return v
-    .map((p, i) => {
-      const pp = `${param}[${i}]`;
-      if (!isObject(p)) throw badField(pp, `Invalid type for '${pp}': expected an object, but got ${typeName(p)} instead.`, "invalid_type");
-      if (!allowed.includes(p.type as string)) {
-        if (typeof p.type === "string" && ["input_image", "input_file", "input_audio", "refusal"].includes(p.type))
-          throw unsupported(`${pp}.type`, `'${pp}.type': ${p.type} content is not supported`);
-        throw badField(
-          `${pp}.type`,
-          `Invalid value for '${pp}.type': expected one of ${allowed.map((a) => `'${a}'`).join(", ")}, got ${JSON.stringify(p.type)}.`,
-        );
-      }
-      if (p.type === "output_text") {
-        checkKeys(p, ["type", "text", "annotations", "logprobs"], pp);
-        if (Array.isArray(p.annotations) && p.annotations.length) throw unsupported(`${pp}.annotations`, `'${pp}.annotations': annotations are not supported`);
-      } else checkKeys(p, ["type", "text"], pp);
-      return str(p.text, `${pp}.text`, true)!;
-    })
-    .join("");
+  const out = v.map((p, i): string | Obj => {
+    const pp = `${param}[${i}]`;
+    if (!isObject(p)) throw badField(pp, `Invalid type for '${pp}': expected an object, but got ${typeName(p)} instead.`, "invalid_type");
+    if (!allowed.includes(p.type as string)) {
+      if (p.type === "input_image") throw unsupported(`${pp}.type`, `'${pp}.type': input_image parts are taken in user messages and function_call_output only`);
+      if (typeof p.type === "string" && ["input_file", "input_audio", "refusal"].includes(p.type))
+        throw unsupported(`${pp}.type`, `'${pp}.type': ${p.type} content is not supported`);
+      throw badField(
+        `${pp}.type`,
+        `Invalid value for '${pp}.type': expected one of ${allowed.map((a) => `'${a}'`).join(", ")}, got ${JSON.stringify(p.type)}.`,
+      );
+    }
+    if (p.type === "input_image") return inputImage(p, pp, paths);
+    if (p.type === "output_text") {
+      checkKeys(p, ["type", "text", "annotations", "logprobs"], pp);
+      if (Array.isArray(p.annotations) && p.annotations.length) throw unsupported(`${pp}.annotations`, `'${pp}.annotations': annotations are not supported`);
+    } else checkKeys(p, ["type", "text"], pp);
+    return str(p.text, `${pp}.text`, true)!;
+  });
+  if (out.every((x) => typeof x === "string")) return out.join("");
+  return out.map((x) => (typeof x === "string" ? { type: "text", text: x } : x));
 }
 
 /**
@@ -111,7 +137,7 @@ function partsText(v: unknown, param: string, allowed: readonly string[]): strin
  * function_call_output is a tool message named after its call; reasoning items are dropped (as
  * Gemma 4's template drops earlier thinking).
  */
-function convertInput(v: unknown, out: Obj[]): void {
+function convertInput(v: unknown, out: Obj[], paths: ImagePaths): void {
   if (v === undefined || v === null) throw new ApiError(400, "Missing required parameter: 'input'.", "input", "missing_required_parameter");
   if (typeof v === "string") {
     out.push({ role: "user", content: v });
@@ -134,7 +160,8 @@ function convertInput(v: unknown, out: Obj[]): void {
       if (role !== "user" && role !== "assistant" && role !== "system" && role !== "developer") {
         throw badField(`${p}.role`, `Invalid value for '${p}.role': expected one of 'user', 'assistant', 'system', 'developer', got ${JSON.stringify(role)}.`);
       }
-      const content = partsText(item.content, `${p}.content`, role === "assistant" ? ["output_text", "input_text"] : ["input_text"]);
+      const allowed = role === "assistant" ? ["output_text", "input_text"] : role === "user" ? ["input_text", "input_image"] : ["input_text"];
+      const content = parts(item.content, `${p}.content`, allowed, paths);
       const m: Obj = { role: role === "developer" ? "system" : role, content };
       out.push(m);
       openAssistant = role === "assistant" ? m : null;
@@ -161,7 +188,7 @@ function convertInput(v: unknown, out: Obj[]): void {
       const callId = str(item.call_id, `${p}.call_id`, true)!;
       const name = callName(callId);
       if (name === undefined) throw badField(`${p}.call_id`, `No tool call found for function call output with call_id ${callId}.`);
-      const output = partsText(item.output, `${p}.output`, ["input_text"]);
+      const output = parts(item.output, `${p}.output`, ["input_text", "input_image"], paths);
       out.push({ role: "tool", tool_call_id: callId, name, content: output });
       openAssistant = null;
     } else if (type === "reasoning") {
@@ -309,7 +336,8 @@ export function parseResponsesRequest(body: Obj, ctx: ServerCore["vctx"], store:
     if (!prev) throw new ApiError(400, `Previous response with id '${previousId}' not found.`, "previous_response_id", "previous_response_not_found");
     conversation.push(...structuredClone(prev.conversation));
   }
-  convertInput(body.input, conversation);
+  const paths: ImagePaths = new WeakMap();
+  convertInput(body.input, conversation, paths);
   const tools = convertTools(body.tools);
   const toolChoice = convertToolChoice(body.tool_choice);
   const messages = [...(instructions !== undefined ? [{ role: "system", content: instructions }] : []), ...conversation];
@@ -339,6 +367,14 @@ export function parseResponsesRequest(body: Obj, ctx: ServerCore["vctx"], store:
     if (e instanceof ApiError && e.param?.startsWith("messages")) throw new ApiError(e.status, e.message, "input", e.code);
     throw e;
   }
+  // The image parts, in prompt order, named by their input_image's path (those of an earlier
+  // response's conversation by previous_response_id).
+  nameImageItems(
+    parsed.messages,
+    messages.flatMap((m) =>
+      Array.isArray(m.content) ? (m.content as Obj[]).filter((x) => x.type === "image_url").map((x) => paths.get(x) ?? "previous_response_id") : [],
+    ),
+  );
   const echo: Obj = {
     instructions: instructions ?? null,
     max_output_tokens: maxOutputTokens,
@@ -459,6 +495,7 @@ export class ResponsesApi {
   }
 
   async create(req: Request, r: ResponsesRequest): Promise<Response> {
+    await this.core.loadImages(r.parsed);
     const choiceProcessors = await this.core.grammars(r.parsed, { parallelToolCalls: !r.oneToolCall });
     const sub = this.core.submit(req, r.parsed, choiceProcessors ? { choiceProcessors } : {});
     const w = new ResponseWriter(

@@ -448,6 +448,10 @@ export function parseResponseFormat(v: unknown, tools: unknown[] | null = null, 
 
 // ---- /v1/completions -------------------------------------------------------------------------
 
+const IMAGE_PART_TYPES = ["image_url", "image", "input_image"];
+/** /v1/completions takes no images, as OpenAI's: said in each such 400. */
+export const NO_COMPLETION_IMAGES = "/v1/completions takes no images (as OpenAI's API): send image_url content parts to /v1/chat/completions";
+
 export function parseCompletionRequest(body: Record<string, unknown>, ctx: ValidationContext): ParsedCompletion {
   const p = body.prompt;
   let prompt: string | number[];
@@ -460,9 +464,14 @@ export function parseCompletionRequest(body: Record<string, unknown>, ctx: Valid
         throw badField("prompt", `prompt token id ${x} is outside the vocabulary (0..${ctx.vocabSize - 1})`);
     }
     prompt = p as number[];
+  } else if (Array.isArray(p) && p.some((x) => isObject(x) && IMAGE_PART_TYPES.includes(x.type as string))) {
+    throw unsupported("prompt", `${NO_COMPLETION_IMAGES}: the prompt is a string or a list of token ids`);
   } else if (Array.isArray(p) && p.length > 1 && p.every((x) => typeof x === "string")) {
     throw unsupported("prompt", "a list of several prompts is not supported; send one request per prompt");
   } else throw badField("prompt", `prompt must be a string or a list of token ids, got ${typeName(p)}`, "invalid_type");
+  // Image fields of other servers' completions APIs (vLLM's multi_modal_data, llama.cpp's image_data, …).
+  for (const k of ["images", "image", "image_url", "image_data", "input_image", "multi_modal_data"])
+    if (body[k] !== undefined && body[k] !== null) throw unsupported(k, `${NO_COMPLETION_IMAGES}; '${k}' is not a field of it`);
   const common = parseCommon(body, ctx, "completion");
   if (bool(body, "echo", false)) throw unsupported("echo", "echo is not supported");
   if (str(body, "suffix")) throw unsupported("suffix", "suffix is not supported");
