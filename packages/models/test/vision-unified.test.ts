@@ -4,7 +4,7 @@
 // tools/oracle/gemma4_vision_oracle.py `pixels` (Gemma4UnifiedImageProcessor: model patches and
 // position ids) and `run` (processor + Model.__call__ + greedy decode through the language
 // model's cache).
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadSafetensors, type MlxArray, memory } from "@mlx-bun/mlx-ffi";
@@ -168,6 +168,18 @@ describe("gemma4_unified images = mlx-vlm", () => {
     memory.clearCache();
     expect(memory.liveHandles()).toBe(handles);
     expect(memory.active()).toBe(baseline);
+  });
+
+  it("processor_config.json: num_soft_tokens stands for max_soft_tokens where that is absent, as Gemma4UnifiedImageProcessor takes it", () => {
+    const d = join(dir, "num-soft-tokens");
+    mkdirSync(d);
+    writeFileSync(join(d, "processor_config.json"), JSON.stringify({ image_processor: { num_soft_tokens: 140, patch_size: 16, pooling_kernel_size: 3 } }));
+    const py = `import json, sys
+from mlx_vlm.models.gemma4_unified.processing_gemma4_unified import Gemma4UnifiedImageProcessor
+print(Gemma4UnifiedImageProcessor(num_soft_tokens=140, patch_size=16, pooling_kernel_size=3).max_soft_tokens)`;
+    const want = Number(runPython(["-c", py]).trim());
+    expect(loadImageProcessorConfig(d).maxSoftTokens).toBe(want);
+    expect(want).toBe(140);
   });
 
   it("refuses an image that is not whole model patches, and a processor/config disagreement", () => {
