@@ -63,8 +63,8 @@ export {
   parseUnifiedVisionConfig,
   takesImages,
   type UnifiedVisionConfig,
-  type VisionEncoder,
 } from "./vision/unified.ts";
+export type { VisionEncoder } from "./vision/encoder.ts";
 export { bidirectionalVision, expandImageTokens, multimodalInputs, type OwnedForwardInputs } from "./vision/embed.ts";
 export { type ForwardInputs, Gemma4Model } from "./model/gemma4.ts";
 export { type DrafterKv, Gemma4Assistant, isAssistantDir, type LoadedAssistant, loadAssistant } from "./model/assistant.ts";

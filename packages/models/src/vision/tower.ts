@@ -10,6 +10,7 @@ import { ConfigError, WeightsError } from "../errors.ts";
 import { linear, type ModuleWeights } from "../model/nn.ts";
 import { Scope } from "../model/scope.ts";
 import { findWeights } from "../weights.ts";
+import { EncoderWeights, embedVision } from "./encoder.ts";
 import type { PreprocessedImage } from "./preprocess.ts";
 
 /** vision_config (mlx-vlm gemma4/config.py VisionConfig; defaults from there). */
@@ -118,11 +119,9 @@ function geluApprox(x: MlxArray): MlxArray {
 }
 
 /** The vision tower + embed_vision of one checkpoint; owns its weights. */
-export class Gemma4Vision implements Disposable {
+export class Gemma4Vision extends EncoderWeights {
   readonly layers: VisionLayer[];
   readonly textHidden: number;
-  #tensors: Map<string, MlxArray>;
-  #owned: MlxArray[] = [];
 
   private constructor(
     readonly config: VisionConfig,
@@ -131,7 +130,7 @@ export class Gemma4Vision implements Disposable {
     textHidden: number,
     quant: (path: string) => QuantParams | undefined,
   ) {
-    this.#tensors = tensors;
+    super(tensors);
     this.textHidden = textHidden;
     const param = (p: string): MlxArray => {
       const a = tensors.get(p);
@@ -183,9 +182,8 @@ export class Gemma4Vision implements Disposable {
       );
     }
     // Split the table once into its x and y halves (take on each is the one-hot matmul's value).
-    this.posX = mx.index(this.posTable, 0);
-    this.posY = mx.index(this.posTable, 1);
-    this.#owned.push(this.posX, this.posY);
+    this.posX = this.own(mx.index(this.posTable, 0));
+    this.posY = this.own(mx.index(this.posTable, 1));
   }
 
   readonly inputProj: ClipLinear;
@@ -410,20 +408,7 @@ export class Gemma4Vision implements Disposable {
       const b = s.t(mx.subtract(out, this.stdBias));
       out = s.t(mx.multiply(b, this.stdScale));
     }
-    // MultimodalEmbedder: RMSNorm without scale, then the projection.
-    const n = s.t(mx.fast.rms_norm(out, null, c.rmsNormEps));
-    const e = s.t(linear(this.projection, n));
+    const e = embedVision(s, out, this.projection, c.rmsNormEps);
     return mx.reshape(e, [length, this.textHidden]);
-  }
-
-  dispose(): void {
-    for (const a of this.#owned) a.dispose();
-    this.#owned = [];
-    for (const a of this.#tensors.values()) a.dispose();
-    this.#tensors.clear();
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
   }
 }

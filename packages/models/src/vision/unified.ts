@@ -14,16 +14,9 @@ import { ConfigError, WeightsError } from "../errors.ts";
 import { linear, type ModuleWeights } from "../model/nn.ts";
 import { Scope } from "../model/scope.ts";
 import { findWeights } from "../weights.ts";
+import { EncoderWeights, embedVision, type VisionEncoder } from "./encoder.ts";
 import type { PreprocessedImage } from "./preprocess.ts";
 import { Gemma4Vision, type MultimodalTokens, parseMultimodalTokens, parseVisionConfig } from "./tower.ts";
-
-/** What the runtime needs of a checkpoint's image encoder (Gemma4Vision, Gemma4UnifiedVision). */
-export interface VisionEncoder extends Disposable {
-  readonly tokens: MultimodalTokens;
-  /** One image's soft tokens [n, text hidden] (n = img.softTokens); the caller owns the result. */
-  encode(img: PreprocessedImage): MlxArray;
-  dispose(): void;
-}
 
 /** gemma4_unified's vision_config (mlx-vlm gemma4_unified/config.py VisionConfig; defaults from there). */
 export interface UnifiedVisionConfig {
@@ -130,7 +123,7 @@ interface LayerNormWeights {
 const LAYER_NORM_EPS = 1e-5;
 
 /** gemma4_unified's VisionEmbedder + embed_vision; owns its weights. */
-export class Gemma4UnifiedVision implements VisionEncoder {
+export class Gemma4UnifiedVision extends EncoderWeights implements VisionEncoder {
   readonly patchLn1: LayerNormWeights;
   readonly patchDense: ModuleWeights & { bias: MlxArray };
   readonly patchLn2: LayerNormWeights;
@@ -138,8 +131,6 @@ export class Gemma4UnifiedVision implements VisionEncoder {
   readonly posX: MlxArray;
   readonly posY: MlxArray;
   readonly projection: ModuleWeights;
-  #tensors: Map<string, MlxArray>;
-  #owned: MlxArray[] = [];
 
   private constructor(
     readonly config: UnifiedVisionConfig,
@@ -147,7 +138,7 @@ export class Gemma4UnifiedVision implements VisionEncoder {
     readonly textHidden: number,
     tensors: Map<string, MlxArray>,
   ) {
-    this.#tensors = tensors;
+    super(tensors);
     const param = (p: string, shape: number[]): MlxArray => {
       const a = tensors.get(p);
       if (!a) throw new WeightsError(`missing tensor ${p} (vision embedder)`);
@@ -167,10 +158,8 @@ export class Gemma4UnifiedVision implements VisionEncoder {
     const table = param("vision_embedder.pos_embedding", [config.mmPosembSize, 2, D]);
     this.projection = { weight: param("embed_vision.embedding_projection.weight", [textHidden, config.outputProjDims]) };
     // pos_embedding[i, 0] / [i, 1]: the x and y columns, gathered per patch (mlx-vlm's fancy index).
-    this.posX = mx.index(table, mx.sl(), 0);
-    this.#owned.push(this.posX);
-    this.posY = mx.index(table, mx.sl(), 1);
-    this.#owned.push(this.posY);
+    this.posX = this.own(mx.index(table, mx.sl(), 0));
+    this.posY = this.own(mx.index(table, mx.sl(), 1));
   }
 
   /**
@@ -244,22 +233,9 @@ export class Gemma4UnifiedVision implements VisionEncoder {
     const pe = s.t(mx.add(s.t(mx.multiply(xPos, vxa)), s.t(mx.multiply(yPos, vya))));
     const h4 = s.t(mx.add(h3, pe));
     const h5 = s.t(mx.fast.layer_norm(h4, this.posNorm.weight, this.posNorm.bias, LAYER_NORM_EPS));
-    // embed_vision: RMSNorm without scale, then the projection.
-    const n = s.t(mx.fast.rms_norm(h5, null, c.rmsNormEps));
-    const e = s.t(linear(this.projection, n));
+    const e = embedVision(s, h5, this.projection, c.rmsNormEps);
     const kept = s.t(mx.index(e, 0, mx.sl(0, mp.count)));
     return mx.reshape(kept, [mp.count, this.textHidden]);
-  }
-
-  dispose(): void {
-    for (const a of this.#owned) a.dispose();
-    this.#owned = [];
-    for (const a of this.#tensors.values()) a.dispose();
-    this.#tensors.clear();
-  }
-
-  [Symbol.dispose](): void {
-    this.dispose();
   }
 }
 
