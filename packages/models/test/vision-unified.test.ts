@@ -7,7 +7,7 @@
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { loadSafetensors, type MlxArray, memory } from "@mlx-bun/mlx-ffi";
+import { loadSafetensors, memory } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import sharp from "sharp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -17,6 +17,7 @@ import { expandImageTokens, multimodalInputs } from "../src/vision/embed.ts";
 import { decodeImage, loadImageProcessorConfig, preprocessImage } from "../src/vision/preprocess.ts";
 import { Gemma4UnifiedVision, loadVisionEncoder, modelPatches, takesImages } from "../src/vision/unified.ts";
 import { ROOT } from "./helpers.ts";
+import { expectImageParity } from "./vision-parity.ts";
 
 const MAKER = join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py");
 const ORACLE = join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py");
@@ -60,21 +61,6 @@ beforeAll(async () => {
 });
 
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
-
-function argmax(a: MlxArray): number {
-  using m = mx.argmax(a);
-  return (m.item() as number) | 0;
-}
-
-function maxAbsDiff(a: MlxArray, b: MlxArray): number {
-  using af = mx.astype(a, "float32");
-  using bf = mx.astype(b, "float32");
-  using br = mx.reshape(bf, af.shape);
-  using d = mx.subtract(af, br);
-  using ad = mx.abs(d);
-  using m = mx.max(ad);
-  return m.item() as number;
-}
 
 describe("gemma4_unified images = mlx-vlm", () => {
   it("model patches and position ids equal Gemma4UnifiedImageProcessor's (padded to its budget)", async () => {
@@ -131,39 +117,7 @@ describe("gemma4_unified images = mlx-vlm", () => {
       );
       expect(ids).toEqual([...(ref.tensors.get("input_ids")!.toTypedArray() as Int32Array)]);
 
-      const feats = pre.map((p) => vision.encode(p));
-      try {
-        using all = mx.concatenate(feats, 0);
-        expect(maxAbsDiff(all, ref.tensors.get("features")!), "soft tokens").toBe(0);
-        // use_bidirectional_attention "vision": the image tokens attend to each other, as in
-        // mlx_vlm.generate (the oracle's reference path for gemma4_unified).
-        using mm = multimodalInputs(lm.model, vision.tokens, ids, feats);
-        expect(mm.inputs.masks).toBeDefined();
-        const caches = lm.model.makeCaches();
-        try {
-          using idsArr = mx.array([ids], "int32");
-          using logits = lm.model.forward(idsArr, caches, mm.inputs);
-          using last = mx.index(logits, 0, -1);
-          expect(maxAbsDiff(last, ref.tensors.get("prefill_logits")!), "prefill logits").toBe(0);
-          const tokens: number[] = [];
-          let y = argmax(last);
-          const refSteps = ref.tensors.get("step_logits")!;
-          for (let i = 0; i < STEPS; i++) {
-            tokens.push(y);
-            using t = mx.array([[y]], "int32");
-            using l = lm.model.forward(t, caches);
-            using row = mx.index(l, 0, -1);
-            using r = mx.index(refSteps, i);
-            expect(maxAbsDiff(row, r), `step ${i} logits`).toBe(0);
-            y = argmax(row);
-          }
-          expect(tokens).toEqual([...(ref.tensors.get("tokens")!.toTypedArray() as Int32Array)]);
-        } finally {
-          for (const k of caches) k.dispose();
-        }
-      } finally {
-        for (const f of feats) f.dispose();
-      }
+      expectImageParity(lm, vision, ids, pre, ref.tensors, STEPS, true);
     }
     memory.clearCache();
     expect(memory.liveHandles()).toBe(handles);
