@@ -2,16 +2,14 @@
 // tiny Gemma 4 vision checkpoints of tools/make-tiny-model/make_tiny_vision_model.py ("e": causal,
 // "l": bidirectional image attention). Reference: mlx_vlm.generate's stream_generate, greedy
 // (tools/oracle/gemma4_vision_oracle.py generate), for the same messages and image files.
-import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { loadSafetensors, memory } from "@mlx-bun/mlx-ffi";
-import { decodeImage, expandImageTokens, loadImageProcessorConfig, parseMultimodalTokens, type PreprocessedImage, preprocessImage } from "@mlx-bun/models";
+import { memory } from "@mlx-bun/mlx-ffi";
+import { parseMultimodalTokens, type PreprocessedImage } from "@mlx-bun/models";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { runPython } from "../../../tools/oracle/oracle.ts";
 import { Engine, type GenerateRequest, PromptCache, RequestError, Scheduler } from "../src/index.ts";
-import { ROOT, tinyModels } from "./helpers.ts";
+import { tinyModels } from "./helpers.ts";
+import { imageReference, imageRequest, makeVisionFixtures, tokens } from "./image-requests.ts";
 
-const ORACLE = join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py");
 const N = 10;
 let models: ReturnType<typeof tinyModels>;
 let dir: string;
@@ -20,51 +18,15 @@ const files: string[] = [];
 beforeAll(async () => {
   models = tinyModels({ text: ["--variant", "small"] });
   dir = join(models.path("text"), "..");
-  runPython([join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py"), "--suite", dir]);
-  // Two PNGs of pseudo-random pixels (Pillow: the runtime package does not depend on sharp).
-  const py = `import sys, numpy as np; from PIL import Image
-for i, (w, h) in enumerate([(130, 100), (64, 200)]):
-    Image.fromarray(np.random.default_rng(i + 1).integers(0, 256, (h, w, 3), dtype=np.uint8)).save(sys.argv[1] + f"/{'ab'[i]}.png")`;
-  runPython(["-c", py, dir]);
-  files.push(join(dir, "a.png"), join(dir, "b.png"));
+  files.push(...makeVisionFixtures(dir, ["--suite", dir]));
 });
 afterAll(() => models.cleanup());
-
-const content = [{ type: "image" }, { type: "text", text: "What is in this picture?" }];
-
-/**
- * mlx-vlm's prompt text and greedy tokens for one image: Model.__call__ on the prompt, then greedy
- * steps through the language model's cache (`run`, whose logits docs/images.md shows bit-identical
- * to ours), and mlx_vlm.generate's stream_generate (`generate`).
- */
-function reference(ckpt: string, image: string): { prompt: string; tokens: number[]; generated: number[] } {
-  const req = join(dir, "gen.json");
-  writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content }], images: [image], max_tokens: N, steps: N }));
-  const gen = JSON.parse(runPython([ORACLE, "generate", ckpt, req])) as { prompt: string; tokens: number[] };
-  const out = join(dir, "run.safetensors");
-  runPython([ORACLE, "run", ckpt, out, req]);
-  using ref = loadSafetensors(out);
-  const tokens = [...(ref.tensors.get("tokens")!.toTypedArray() as Int32Array)];
-  return { prompt: gen.prompt, tokens, generated: gen.tokens.slice(0, N) };
-}
-
-async function request(e: Engine, prompt: string, image: string): Promise<GenerateRequest> {
-  const pre: PreprocessedImage = preprocessImage(await decodeImage(readFileSync(image)), loadImageProcessorConfig(e.loaded.dir));
-  const ids = expandImageTokens(e.loaded.tokenizer.encode(prompt, { addSpecialTokens: false }), [pre.softTokens], parseMultimodalTokens(e.loaded.config));
-  return { promptIds: ids, maxTokens: N, images: [pre] };
-}
-
-async function tokens(s: ReturnType<Scheduler["submit"]>): Promise<number[]> {
-  for await (const _ of s) {
-  }
-  return (await s.result).tokens;
-}
 
 describe.each(["vision-e", "vision-l"])("%s: image requests = mlx_vlm.generate", (variant) => {
   test("alone, beside text requests in a batch, and with a prompt cache: greedy tokens equal mlx-vlm's; memory back to baseline", async () => {
     const ckpt = join(dir, variant);
-    const refA = reference(ckpt, files[0]!);
-    const refB = reference(ckpt, files[1]!);
+    const refA = imageReference(dir, ckpt, files[0]!, N);
+    const refB = imageReference(dir, ckpt, files[1]!, N);
     expect(refA.tokens).not.toEqual(refB.tokens);
     // mlx_vlm.generate agrees with its Model.__call__ path on the causal checkpoint; on the
     // bidirectional one (vision-l) it does not (docs/images.md: not resolved), so there the
@@ -75,8 +37,8 @@ describe.each(["vision-e", "vision-l"])("%s: image requests = mlx_vlm.generate",
     }
     using e = Engine.load(ckpt);
     // Warm-up (the vision tower loads on first use; compiled functions are process-lived).
-    const reqA = await request(e, refA.prompt, files[0]!);
-    const reqB = await request(e, refB.prompt, files[1]!);
+    const reqA = await imageRequest(e, refA.prompt, files[0]!, N);
+    const reqB = await imageRequest(e, refB.prompt, files[1]!, N);
     expect(await tokens(e.generate(reqA))).toEqual(refA.tokens);
     memory.clearCache();
     const baseline = memory.active();
