@@ -41,3 +41,42 @@ export async function runCli(args: string[], opts: { env?: Record<string, string
   clearTimeout(timer);
   return { code, stdout, stderr };
 }
+
+/** A `mlx-bun serve` process started by startServe: its URL, its start-up stderr, and stop(). */
+export interface ServeProcess {
+  url: string;
+  startup: string;
+  stop(): Promise<void>;
+}
+
+/** Start `bun cli.ts serve ...args --port 0 --no-web` and wait for its "listening on" line. */
+export async function startServe(args: string[], timeoutMs = 60_000): Promise<ServeProcess> {
+  const p = Bun.spawn([BUN, CLI, "serve", ...args, "--port", "0", "--no-web"], {
+    cwd: ROOT,
+    env: { ...process.env, NO_COLOR: "1" },
+    stdout: "ignore",
+    stderr: "pipe",
+  });
+  const reader = p.stderr.getReader();
+  let err = "";
+  const deadline = Date.now() + timeoutMs;
+  let found: string | undefined;
+  while (!found && Date.now() < deadline) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    err += new TextDecoder().decode(value);
+    found = /listening on (http:\/\/\S+).*\n/.exec(err)?.[1];
+  }
+  reader.releaseLock();
+  const stop = async () => {
+    if (p.exitCode === null) {
+      p.kill("SIGINT");
+      await p.exited;
+    }
+  };
+  if (!found) {
+    await stop();
+    throw new Error(`serve ${args.join(" ")} did not start:\n${err}`);
+  }
+  return { url: found, startup: err, stop };
+}

@@ -7,10 +7,10 @@
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { runPython } from "../../../tools/oracle/oracle.ts";
-import { BUN, CLI, makeTinySmall, ROOT, tempDir } from "./helpers.ts";
+import { makeTinySmall, ROOT, type ServeProcess, startServe, tempDir } from "./helpers.ts";
 
 let tmp: ReturnType<typeof tempDir>;
-let proc: ReturnType<typeof Bun.spawn> | undefined;
+let srv: ServeProcess | undefined;
 let url: string;
 
 beforeAll(async () => {
@@ -18,33 +18,12 @@ beforeAll(async () => {
   const target = makeTinySmall(join(tmp.path, "target"), ["--dtype", "float32", "--set", "head_dim=64"]);
   const drafter = join(tmp.path, "drafter");
   runPython([join(ROOT, "tools", "make-tiny-model", "make_tiny_drafter.py"), "--target", target, "--out", drafter, "--echo"]);
-  const p = Bun.spawn([BUN, CLI, "serve", "--model", target, "--draft-model", drafter, "--port", "0", "--no-web"], {
-    cwd: ROOT,
-    env: { ...process.env, NO_COLOR: "1" },
-    stdout: "ignore",
-    stderr: "pipe",
-  });
-  proc = p;
-  const reader = p.stderr.getReader();
-  let err = "";
-  const deadline = Date.now() + 60_000;
-  let found: string | undefined;
-  while (!found && Date.now() < deadline) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    err += new TextDecoder().decode(value);
-    found = /listening on (http:\/\/\S+).*\n/.exec(err)?.[1];
-  }
-  reader.releaseLock();
-  if (!found) throw new Error(`serve --draft-model (MTP drafter) did not start:\n${err}`);
-  url = found;
+  srv = await startServe(["--model", target, "--draft-model", drafter]);
+  url = srv.url;
 });
 
 afterAll(async () => {
-  if (proc && proc.exitCode === null) {
-    proc.kill("SIGINT");
-    await proc.exited;
-  }
+  await srv?.stop();
   tmp?.cleanup();
 });
 

@@ -3,10 +3,10 @@
 // drafted and kept, a request's num_draft_tokens applies to it, and /health sums the requests.
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { BUN, CLI, makeTinySmall, ROOT, tempDir } from "./helpers.ts";
+import { makeTinySmall, type ServeProcess, startServe, tempDir } from "./helpers.ts";
 
 let tmp: ReturnType<typeof tempDir>;
-let proc: ReturnType<typeof Bun.spawn> | undefined;
+let srv: ServeProcess | undefined;
 let url: string;
 
 beforeAll(async () => {
@@ -15,34 +15,13 @@ beforeAll(async () => {
   // quantization as the draft, which agrees with it often but not always.
   const target = makeTinySmall(join(tmp.path, "target"), ["--dtype", "float32"]);
   const draft = makeTinySmall(join(tmp.path, "draft"), ["--dtype", "float32", "--quant", "4bit"]);
-  const p = Bun.spawn([BUN, CLI, "serve", "--model", target, "--draft-model", draft, "--num-draft-tokens", "2", "--port", "0", "--no-web"], {
-    cwd: ROOT,
-    env: { ...process.env, NO_COLOR: "1" },
-    stdout: "ignore",
-    stderr: "pipe",
-  });
-  proc = p;
-  const reader = p.stderr.getReader();
-  let err = "";
-  const deadline = Date.now() + 60_000;
-  let found: string | undefined;
-  while (!found && Date.now() < deadline) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    err += new TextDecoder().decode(value);
-    found = /listening on (http:\/\/\S+).*\n/.exec(err)?.[1];
-  }
-  reader.releaseLock();
-  if (!found) throw new Error(`serve --draft-model did not start:\n${err}`);
-  expect(err).toContain("draft");
-  url = found;
+  srv = await startServe(["--model", target, "--draft-model", draft, "--num-draft-tokens", "2"]);
+  expect(srv.startup).toContain("draft");
+  url = srv.url;
 });
 
 afterAll(async () => {
-  if (proc && proc.exitCode === null) {
-    proc.kill("SIGINT");
-    await proc.exited;
-  }
+  await srv?.stop();
   tmp?.cleanup();
 });
 
