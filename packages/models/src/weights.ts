@@ -476,6 +476,28 @@ function defaultSplit(a: MlxArray, parts: number, axis: number): MlxArray[] {
   }
 }
 
+/**
+ * The tensors of a checkpoint's files that `pick` keeps, under the names it gives (`null`: not
+ * wanted); a tensor is taken from the file the index assigns it to. The caller owns them.
+ */
+export function loadPickedTensors(files: WeightFiles, pick: (name: string) => string | null): Map<string, MlxArray> {
+  const out = new Map<string, MlxArray>();
+  try {
+    for (const f of files.files) {
+      const l = loadSafetensors(f);
+      for (const [n, a] of l.tensors) {
+        const k = files.tensors.get(n)?.file === f ? pick(n) : null;
+        if (k !== null) out.set(k, a);
+        else a.dispose();
+      }
+    }
+  } catch (e) {
+    for (const a of out.values()) a.dispose();
+    throw e;
+  }
+  return out;
+}
+
 /** Open a checkpoint's weights lazily, sanitized and checked against the config's manifest. */
 export function loadWeights(dir: string, config: Gemma4Config, opts: LoadWeightsOptions = {}): LoadedWeights {
   const files = findWeights(dir);
@@ -483,17 +505,9 @@ export function loadWeights(dir: string, config: Gemma4Config, opts: LoadWeights
   if (!opts.skipCheck) assertTensors(checkTensors(expectedTensors(config, { actual: info }), info), dir);
   const split = opts.split ?? defaultSplit;
   const used = new Set([...plan.tensors.values()].map((s) => s.source));
-  const raw = new Map<string, MlxArray>();
+  const raw = loadPickedTensors(files, (n) => (used.has(n) ? n : null));
   const owned: MlxArray[] = [];
   try {
-    for (const f of files.files) {
-      const l = loadSafetensors(f);
-      for (const [n, a] of l.tensors) {
-        const loc = files.tensors.get(n);
-        if (used.has(n) && loc && loc.file === f) raw.set(n, a);
-        else a.dispose();
-      }
-    }
     const tensors = new Map<string, MlxArray>();
     const splits = new Map<string, MlxArray[]>();
     for (const [name, src] of plan.tensors) {

@@ -3,7 +3,7 @@
 // target's K/V (its layers have queries only); one step maps [embed(token), hidden] to the next
 // hidden state and logits. Same ops and order as mlx-vlm (docs/speculative.md).
 import { join } from "node:path";
-import { loadSafetensors, type MlxArray } from "@mlx-bun/mlx-ffi";
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { KvView, Mask } from "@mlx-bun/kv-cache";
 import {
@@ -17,7 +17,7 @@ import {
   readJson,
 } from "../config.ts";
 import { WeightsError } from "../errors.ts";
-import { findWeights } from "../weights.ts";
+import { findWeights, loadPickedTensors } from "../weights.ts";
 import { attentionShared, feedForwardDense, feedForwardMoe, type LayerWeights, layerScale, type ModelConsts } from "./blocks.ts";
 import { proportionalFreqs } from "./gemma4.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights } from "./nn.ts";
@@ -318,15 +318,8 @@ export function loadAssistant(dir: string): LoadedAssistant {
   const file = join(dir, "config.json");
   const config = parseGemma4AssistantConfig(readJson(file), file);
   const files = findWeights(dir);
-  const tensors = new Map<string, MlxArray>();
+  const tensors = loadPickedTensors(files, (n) => n);
   try {
-    for (const f of files.files) {
-      const l = loadSafetensors(f);
-      for (const [n, a] of l.tensors) {
-        if (files.tensors.get(n)?.file === f) tensors.set(n, a);
-        else a.dispose();
-      }
-    }
     const model = new Gemma4Assistant(config, tensors, dir);
     const dispose = (): void => {
       model.dispose();

@@ -3,13 +3,13 @@
 // input projection + 2-D position embeddings, a bidirectional transformer with 2-D RoPE, average
 // pooling of pooling x pooling patches, optional standardize, then RMSNorm (no scale) and the
 // projection into the text model's hidden size. Same ops, order and dtypes (docs/images.md).
-import { loadSafetensors, MlxArray } from "@mlx-bun/mlx-ffi";
+import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Gemma4Config, QuantParams } from "../config.ts";
 import { ConfigError, WeightsError } from "../errors.ts";
 import { linear, type ModuleWeights } from "../model/nn.ts";
 import { Scope } from "../model/scope.ts";
-import { findWeights } from "../weights.ts";
+import { findWeights, loadPickedTensors } from "../weights.ts";
 import { EncoderWeights, embedVision } from "./encoder.ts";
 import type { PreprocessedImage } from "./preprocess.ts";
 
@@ -208,16 +208,8 @@ export class Gemma4Vision extends EncoderWeights {
       if (!vc.useClippedLinears && /\.(input|output)_(min|max)$/.test(k)) return null;
       return k;
     };
-    const tensors = new Map<string, MlxArray>();
+    const tensors = loadPickedTensors(files, want);
     try {
-      for (const f of files.files) {
-        const l = loadSafetensors(f);
-        for (const [n, a] of l.tensors) {
-          const k = want(n);
-          if (k && files.tensors.get(n)?.file === f) tensors.set(k, a);
-          else a.dispose();
-        }
-      }
       if (tensors.size === 0) throw new WeightsError(`${dir}: config.json has a vision_config but the weights have no vision_tower.* tensors`);
       const q = config.quantization;
       const quant = (path: string): QuantParams | undefined => {

@@ -7,13 +7,13 @@
 // the 2-D position embeddings pos_embedding[x, 0] + pos_embedding[y, 1] (zero on padding), pos_norm,
 // embed_vision (RMSNorm without scale, projection), and the padding rows dropped. One soft token
 // per model patch. Same ops, order and dtypes (docs/images.md).
-import { loadSafetensors, MlxArray } from "@mlx-bun/mlx-ffi";
+import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Gemma4Config } from "../config.ts";
 import { ConfigError, WeightsError } from "../errors.ts";
 import { linear, type ModuleWeights } from "../model/nn.ts";
 import { Scope } from "../model/scope.ts";
-import { findWeights } from "../weights.ts";
+import { findWeights, loadPickedTensors } from "../weights.ts";
 import { EncoderWeights, embedVision, type VisionEncoder } from "./encoder.ts";
 import type { PreprocessedImage } from "./preprocess.ts";
 import { Gemma4Vision, type MultimodalTokens, parseMultimodalTokens, parseVisionConfig } from "./tower.ts";
@@ -170,16 +170,11 @@ export class Gemma4UnifiedVision extends EncoderWeights implements VisionEncoder
     const vc = parseUnifiedVisionConfig(config);
     if (!vc) return null;
     const files = findWeights(dir);
-    const tensors = new Map<string, MlxArray>();
+    const tensors = loadPickedTensors(files, (n) => {
+      const k = n.startsWith("model.") ? n.slice("model.".length) : n;
+      return k.startsWith("vision_embedder.") || k.startsWith("embed_vision.") ? k : null;
+    });
     try {
-      for (const f of files.files) {
-        const l = loadSafetensors(f);
-        for (const [n, a] of l.tensors) {
-          const k = n.startsWith("model.") ? n.slice("model.".length) : n;
-          if ((k.startsWith("vision_embedder.") || k.startsWith("embed_vision.")) && files.tensors.get(n)?.file === f) tensors.set(k, a);
-          else a.dispose();
-        }
-      }
       if (tensors.size === 0)
         throw new WeightsError(`${dir}: config.json is gemma4_unified with a vision_config but the weights have no vision_embedder.* tensors`);
       return new Gemma4UnifiedVision(vc, parseMultimodalTokens(config), config.text.hiddenSize, tensors);
