@@ -6,9 +6,15 @@
 // variant decodes exactly `--tokens` per stream. Also: grammar build time (cold schema, cached
 // schema) and, for a synthetic 262,144-token vocabulary (Gemma 4's size; the bench models have
 // the 512-token tiny tokenizer), the host time of a matcher step and of the mask on the logits.
+// Stall (--stall-only runs only this): while 8 streams decode on the bench model (4 plain, 4 with
+// a schema), a grammar is compiled for the synthetic vocabulary (the first: cold, then a new
+// schema on the warm compiler); measured: the longest event-loop stall (1 ms interval probe), the
+// longest gap between two tokens of a running stream during the compile (the same without a
+// compile as the reference), and how long an advance() of a live processor of that synthetic
+// tokenizer, issued 50 ms into the new schema's compile, waits.
 //
 //   .native/bin/bun tools/bench/structured-output.ts [--model DIR] [--reps 5] [--tokens 64]
-//        [--json FILE]
+//        [--json FILE] [--stall-only]
 import { writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -131,6 +137,7 @@ async function main(): Promise<void> {
     console.error(`rep ${rep + 1}/${O.reps} done`);
   }
   await sched.close();
+  const stall = await compileStall(engine);
   engine.dispose();
 
   const synth = await syntheticVocab();
@@ -141,6 +148,7 @@ async function main(): Promise<void> {
     decode: Object.fromEntries(Object.entries(figures).map(([k, xs]) => [k, stats(xs)])),
     grammarBuildMs: { cold: coldMs, cached: stats(warm) },
     syntheticVocab262144: synth,
+    compileStall262144: stall,
   };
   console.log(JSON.stringify(out, null, 2));
   console.log("\n| streams | variant | tok/s min / median / max | × plain (median) |\n| --- | --- | --- | --- |");
@@ -154,13 +162,8 @@ async function main(): Promise<void> {
   if (O.json) writeFileSync(O.json, `${JSON.stringify(out, null, 2)}\n`);
 }
 
-/**
- * A random byte-fallback vocabulary of 262,144 tokens (256 byte tokens, then strings of 1-10
- * characters: letters, digits, punctuation, "▁" for spaces, some non-ASCII), the same schema:
- * tokenizer info + compile time, and per generated token the host time of advance() (accept the
- * token, compute the next bitmask) and of the mask applied to a [1, 262144] bf16 logits row.
- */
-async function syntheticVocab() {
+/** A random byte-fallback tokenizer of 262,144 tokens (see syntheticVocab). */
+function syntheticTokenizer(): Gemma4Tokenizer {
   const V = 262144;
   let seed = 12345;
   const rnd = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32;
@@ -184,7 +187,109 @@ async function syntheticVocab() {
     added_tokens: added,
     decoder: { type: "Sequence", decoders: [{ type: "Replace" }, { type: "ByteFallback" }, { type: "Fuse" }] },
   };
-  const fake = { tokenizerJson, eosTokenIds: new Set([1]) } as unknown as Gemma4Tokenizer;
+  return { tokenizerJson, eosTokenIds: new Set([1]) } as unknown as Gemma4Tokenizer;
+}
+
+/**
+ * The compile stall: 8 streams decode on `engine` (4 plain, 4 with a schema) while a grammar of
+ * the synthetic 262,144-token vocabulary compiles (cold, then a new schema on the warm compiler).
+ */
+async function compileStall(engine: Engine) {
+  const tok = engine.loaded.tokenizer;
+  const vocab = tok.vocabSize;
+  const sched = new Scheduler(engine, { maxBatch: 16 });
+  const fake = syntheticTokenizer();
+  let last = performance.now();
+  let stall = 0;
+  const probe = setInterval(() => {
+    const now = performance.now();
+    stall = Math.max(stall, now - last);
+    last = now;
+  }, 1);
+  // A live processor of the synthetic tokenizer whose advance() is issued as each compile starts.
+  let live: Awaited<ReturnType<typeof grammarProcessor>> | null = null;
+  const liveHist = [2];
+  async function phase(compile: (() => Promise<void>) | null) {
+    const stop = new AbortController();
+    const times: number[][] = [];
+    const streams = await Promise.all(
+      Array.from({ length: 8 }, async (_, i) => {
+        const promptIds = Array.from({ length: 24 }, (_, j) => 30 + ((i * 131 + j * 53) % (vocab - 30)));
+        const logitsProcessors: LogitsProcessor[] =
+          i < 4 ? [] : [await grammarProcessor(tok, { type: "json_schema", schema: SCHEMA }, { promptTokens: promptIds.length })];
+        const s = sched.submit({ promptIds, maxTokens: 4000, logitsProcessors, signal: stop.signal });
+        const ts: number[] = [];
+        times.push(ts);
+        // Wrapped: an async function returning the promise itself would wait for it.
+        const done = (async () => {
+          for await (const _ of s) ts.push(performance.now());
+          await s.result;
+          for (const p of logitsProcessors) (p as { dispose?(): void }).dispose?.();
+        })();
+        return { done };
+      }),
+    );
+    console.error(`stall phase ${compile ? "compile" : "reference"}: streams submitted`);
+    // Decoding steadily first.
+    while (times.some((ts) => ts.length < 8)) await new Promise((r) => setTimeout(r, 5));
+    stall = 0;
+    last = performance.now();
+    const t0 = performance.now();
+    let waitMs = 0;
+    if (compile) {
+      const compiling = compile();
+      // Once the compile is under way (50 ms in), a live grammar row of the same tokenizer steps.
+      await new Promise((r) => setTimeout(r, 50));
+      if (live) {
+        const a0 = performance.now();
+        liveHist.push((fake.tokenizerJson as { model: { vocab: Record<string, number> } }).model.vocab["{"]!);
+        await live.advance(liveHist);
+        waitMs = performance.now() - a0;
+      }
+      await compiling;
+    } else await new Promise((r) => setTimeout(r, 1000));
+    const t1 = performance.now();
+    console.error(`stall phase: done in ${(t1 - t0).toFixed(0)} ms`);
+    await new Promise((r) => setTimeout(r, 20));
+    const stallMs = stall;
+    stop.abort();
+    await Promise.all(streams.map((s) => s.done));
+    let gap = 0;
+    for (const ts of times) for (let k = 1; k < ts.length; k++) if (ts[k]! > t0 && ts[k - 1]! < t1 + 20) gap = Math.max(gap, ts[k]! - ts[k - 1]!);
+    return {
+      compileMs: +(t1 - t0).toFixed(1),
+      maxEventLoopStallMs: +stallMs.toFixed(1),
+      maxTokenGapMs: +gap.toFixed(1),
+      liveAdvanceWaitMs: +waitMs.toFixed(1),
+    };
+  }
+  const reference = await phase(null);
+  const cold = await phase(async () => {
+    live = await grammarProcessor(fake, { type: "json_schema", schema: SCHEMA }, { promptTokens: 1 });
+  });
+  const fresh = await phase(async () => {
+    // A schema not seen before (a title alone would not change the grammar: it would be cached).
+    const schema = { ...SCHEMA, properties: { rows: { ...SCHEMA.properties.rows, minItems: 63, maxItems: 63 } } };
+    (await grammarProcessor(fake, { type: "json_schema", schema }, { promptTokens: 1 })).dispose();
+  });
+  clearInterval(probe);
+  (live as { dispose(): void } | null)?.dispose();
+  StructuredOutputCompiler.for(fake).close();
+  await sched.close();
+  return { reference, coldCompile: cold, newSchemaCompile: fresh };
+}
+
+/**
+ * A random byte-fallback vocabulary of 262,144 tokens (256 byte tokens, then strings of 1-10
+ * characters: letters, digits, punctuation, "▁" for spaces, some non-ASCII), the same schema:
+ * tokenizer info + compile time, and per generated token the host time of advance() (accept the
+ * token, compute the next bitmask) and of the mask applied to a [1, 262144] bf16 logits row.
+ */
+async function syntheticVocab() {
+  const V = 262144;
+  let seed = 12345;
+  const rnd = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32;
+  const fake = syntheticTokenizer();
   let t0 = performance.now();
   const p = await grammarProcessor(fake, { type: "json_schema", schema: SCHEMA }, { promptTokens: 1 });
   const buildMs = performance.now() - t0;
@@ -218,5 +323,9 @@ async function syntheticVocab() {
 }
 
 if (argv.includes("--synthetic-only")) console.log(JSON.stringify(await syntheticVocab(), null, 2));
-else await main();
+else if (argv.includes("--stall-only")) {
+  const engine = Engine.load(O.model);
+  console.log(JSON.stringify(await compileStall(engine), null, 2));
+  engine.dispose();
+} else await main();
 process.exit(0);

@@ -2,7 +2,7 @@
 // synthetic 262,144-token byte-fallback vocabulary (Gemma 4's size; the bench models have the
 // 512-token tiny tokenizer) with Gemma 4's delimiter tokens — cold (tokenizer info + compile), a
 // new tool list on the warm compiler, a cached one — and the longest event-loop stall while the
-// new list compiles (a 1 ms interval probe: XGrammar's compile runs on the main thread).
+// new list compiles (a 1 ms interval probe; the compile runs in the grammar worker).
 //
 //   .native/bin/bun tools/bench/tool-call-grammar.ts [--tools 4]
 import type { Gemma4Tokenizer } from "@mlx-bun/models";

@@ -21,6 +21,7 @@ export {
   checkStructuredFormat,
   type GrammarProcessor,
   type GrammarProcessorOptions,
+  type GrammarSource,
   grammarProcessor,
   grammarVocabulary,
   maskLogits,

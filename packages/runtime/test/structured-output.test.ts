@@ -7,7 +7,17 @@ import Ajv2020 from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
 import { memory, MlxArray } from "@mlx-bun/mlx-ffi";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { Engine, type GenerateRequest, grammarProcessor, grammarVocabulary, maskLogits, Scheduler, SchemaError, type StructuredFormat } from "../src/index.ts";
+import {
+  Engine,
+  type GenerateRequest,
+  grammarProcessor,
+  grammarVocabulary,
+  maskLogits,
+  Scheduler,
+  SchemaError,
+  StructuredOutputCompiler,
+  type StructuredFormat,
+} from "../src/index.ts";
 import { tinyModels } from "./helpers.ts";
 import { SCHEMAS, WALK_ONLY } from "./json-schemas.ts";
 
@@ -323,5 +333,40 @@ describe("processor", () => {
     }
     using one = MlxArray.fromNumbers([0], [1, 1]);
     expect(() => p.process([7, 8], one)).toThrow(/after dispose/);
+  });
+
+  test("the grammar worker: a token the grammar rejects is an error naming it; after the worker stops, live processors fail and a new one works", async () => {
+    const tok = engine.loaded.tokenizer;
+    const schema = { type: "array", items: { enum: [3, 4] }, maxItems: 2 };
+    const open = tok.encode("[", { addSpecialTokens: false });
+    const brace = tok.encode("{", { addSpecialTokens: false });
+    const p = await grammarProcessor(tok, { type: "json_schema", schema }, { promptTokens: 1 });
+    try {
+      await expect(p.advance([5, ...brace])).rejects.toThrow(new RegExp(`token ${brace[0]} is not allowed by the grammar after 0 tokens`));
+      await p.advance([5, ...open]);
+      StructuredOutputCompiler.for(tok).close();
+      await expect(p.advance([5, ...open, ...tok.encode("3", { addSpecialTokens: false })])).rejects.toThrow(/grammar worker/);
+    } finally {
+      p.dispose();
+    }
+    // A fresh worker compiles the (cached) grammar again and constrains a walk to valid JSON.
+    const q = await grammarProcessor(tok, { type: "json_schema", schema }, { promptTokens: 1 });
+    try {
+      using zeros = MlxArray.fromTypedArray(new Float32Array(tok.vocabSize), [1, tok.vocabSize]);
+      const hist = [5];
+      const stop = new Set(tok.eosTokenIds);
+      for (let step = 0; step < 40; step++) {
+        using m = q.process(hist, zeros);
+        const allowed = [...m.toFloat64Array()].flatMap((v, i) => (v === 0 ? [i] : []));
+        const t = allowed.find((i) => !stop.has(i)) ?? allowed[0]!;
+        if (stop.has(t)) break;
+        hist.push(t);
+        await q.advance(hist);
+        if (q.terminated) break;
+      }
+      expect(JSON.parse(tok.decode(hist.slice(1)))).toSatisfy((v: unknown) => Array.isArray(v) && v.every((x) => x === 3 || x === 4));
+    } finally {
+      q.dispose();
+    }
   });
 });
