@@ -7,17 +7,15 @@
 // reasoning.effort "none"); count_tokens counts the image's soft tokens. Bad images, images in tool
 // results (the template does not render them), and a model without a vision tower are 400s in each
 // endpoint's error shape; /v1/completions refuses images with a 400.
-import { readFileSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { readFileSync } from "node:fs";
 import Anthropic, { type APIError as AnthropicError } from "@anthropic-ai/sdk";
-import { loadSafetensors } from "@mlx-bun/mlx-ffi";
 import { Engine, type GenerateRequest, type GenerationResult, Scheduler } from "@mlx-bun/runtime";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { runPython } from "../../../tools/oracle/oracle.ts";
 import { type RunningServer, startServer } from "../src/server/http.ts";
 import { imageSupportFor } from "../src/server/images.ts";
-import { ROOT, tempDir } from "./helpers.ts";
+import { tempDir } from "./helpers.ts";
+import { makeVisionFixture, visionReference } from "./vision-fixtures.ts";
 
 const N = 8;
 const TEXT = "What is in this picture?";
@@ -36,24 +34,9 @@ const seen: { req: GenerateRequest; result: Promise<GenerationResult> }[] = [];
 
 beforeAll(() => {
   tmp = tempDir("mlxb-images-endpoints-");
-  runPython([join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py"), "--suite", tmp.path]);
-  ckpt = join(tmp.path, "vision-e");
-  png = join(tmp.path, "a.png");
-  const py = `import sys, numpy as np; from PIL import Image
-Image.fromarray(np.random.default_rng(1).integers(0, 256, (100, 130, 3), dtype=np.uint8)).save(sys.argv[1])`;
-  runPython(["-c", py, png]);
+  ({ ckpt, png } = makeVisionFixture(tmp.path));
   pngBytes = readFileSync(png);
-  const req = join(tmp.path, "req.json");
-  writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content: [{ type: "image" }, { type: "text", text: TEXT }] }], images: [png], steps: N }));
-  const out = join(tmp.path, "ref.safetensors");
-  runPython([join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py"), "run", ckpt, out, req]);
-  {
-    using r = loadSafetensors(out);
-    ref = {
-      ids: [...(r.tensors.get("input_ids")!.toTypedArray() as Int32Array)],
-      tokens: [...(r.tensors.get("tokens")!.toTypedArray() as Int32Array)],
-    };
-  }
+  ref = visionReference(tmp.path, { ckpt, png }, TEXT, N);
   engine = Engine.load(ckpt);
   scheduler = new Scheduler(engine, { maxBatch: 4 });
   const sink = {

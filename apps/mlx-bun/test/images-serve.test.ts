@@ -5,13 +5,14 @@
 // leave MLX's active memory at its baseline; bad images are 400s in OpenAI's error shape.
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { loadSafetensors, memory } from "@mlx-bun/mlx-ffi";
+import { memory } from "@mlx-bun/mlx-ffi";
 import { Engine, Scheduler } from "@mlx-bun/runtime";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { runPython, runPythonAsync } from "../../../tools/oracle/oracle.ts";
 import { type RunningServer, startServer } from "../src/server/http.ts";
 import { imageSupportFor } from "../src/server/images.ts";
-import { ROOT, runCli, tempDir } from "./helpers.ts";
+import { runCli, tempDir } from "./helpers.ts";
+import { makeVisionFixture, visionReference } from "./vision-fixtures.ts";
 
 const N = 8;
 let tmp: ReturnType<typeof tempDir>;
@@ -22,17 +23,15 @@ let srv: RunningServer;
 let textOnly: RunningServer;
 let png: string;
 let big: string;
+/** mlx-vlm's prompt ids and greedy tokens for [image, TEXT]. */
+let ref: { ids: number[]; tokens: number[] };
 
 beforeAll(() => {
   tmp = tempDir("mlxb-images-serve-");
-  runPython([join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py"), "--suite", tmp.path]);
-  ckpt = join(tmp.path, "vision-e");
-  png = join(tmp.path, "a.png");
+  ({ ckpt, png } = makeVisionFixture(tmp.path));
+  ref = visionReference(tmp.path, { ckpt, png }, TEXT, N);
   big = join(tmp.path, "big.png");
-  const py = `import sys, numpy as np; from PIL import Image
-Image.fromarray(np.random.default_rng(1).integers(0, 256, (100, 130, 3), dtype=np.uint8)).save(sys.argv[1])
-Image.new("L", (10000, 10000)).save(sys.argv[2])`;
-  runPython(["-c", py, png, big]);
+  runPython(["-c", `import sys; from PIL import Image; Image.new("L", (10000, 10000)).save(sys.argv[1])`, big]);
   engine = Engine.load(ckpt);
   scheduler = new Scheduler(engine, { maxBatch: 4 });
   srv = startServer({ model: engine.loaded, scheduler, modelId: "tiny", port: 0, webDir: null, images: imageSupportFor(engine.loaded) });
@@ -64,12 +63,6 @@ describe("image_url parts", () => {
   // vocabulary has thinking markers); mlx-vlm's processor leaves it off. The request turns it off,
   // so both render the same prompt.
   test("the Python openai client: greedy tokens equal mlx-vlm's for the same image and prompt", async () => {
-    const req = join(tmp.path, "req.json");
-    writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content: [{ type: "image" }, { type: "text", text: TEXT }] }], images: [png], steps: N }));
-    const out = join(tmp.path, "ref.safetensors");
-    runPython([join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py"), "run", ckpt, out, req]);
-    using ref = loadSafetensors(out);
-    const want = [...(ref.tensors.get("tokens")!.toTypedArray() as Int32Array)];
     const script = `import sys, json
 from openai import OpenAI
 c = OpenAI(base_url=sys.argv[1], api_key="x", max_retries=0)
@@ -82,25 +75,18 @@ print(json.dumps({"tokens": [t.token for t in r.choices[0].logprobs.content], "u
       usage: { prompt_tokens: number };
     };
     const tok = engine.loaded.tokenizer;
-    expect(got.usage.prompt_tokens, "prompt tokens").toBe((ref.tensors.get("input_ids")!.shape as number[]).at(-1));
-    expect(got.tokens).toEqual(want.map((id) => tok.decode([id], { skipSpecialTokens: false })));
-    expect(got.usage.prompt_tokens).toBe((ref.tensors.get("input_ids")!.shape as number[]).at(-1));
+    expect(got.usage.prompt_tokens, "prompt tokens").toBe(ref.ids.length);
+    expect(got.tokens).toEqual(ref.tokens.map((id) => tok.decode([id], { skipSpecialTokens: false })));
   });
 
   test("mlx-bun generate --image: greedy tokens equal mlx-vlm's (image first, then the text, as mlx_vlm.generate); bad images are clear errors", async () => {
-    const req = join(tmp.path, "req-cli.json");
-    writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content: [{ type: "image" }, { type: "text", text: TEXT }] }], images: [png], steps: N }));
-    const out = join(tmp.path, "ref-cli.safetensors");
-    runPython([join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py"), "run", ckpt, out, req]);
-    using ref = loadSafetensors(out);
-    const want = [...(ref.tensors.get("tokens")!.toTypedArray() as Int32Array)];
     const args = ["generate", "--model", ckpt, "--prompt", TEXT, "--max-tokens", String(N), "--temp", "0", "--json"];
     const noThinking = ["--chat-template-config", '{"enable_thinking": false}'];
     const r = await runCli([...args, ...noThinking, "--image", png]);
     expect(r.code, r.stderr).toBe(0);
     const j = JSON.parse(r.stdout);
-    expect(j.prompt_ids).toEqual([...(ref.tensors.get("input_ids")!.toTypedArray() as Int32Array)]);
-    expect(j.generated_ids).toEqual(want);
+    expect(j.prompt_ids).toEqual(ref.ids);
+    expect(j.generated_ids).toEqual(ref.tokens);
     const bad = join(tmp.path, "not-an-image.png");
     writeFileSync(bad, "hello");
     const e = await runCli([...args, "--image", bad]);
