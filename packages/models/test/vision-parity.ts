@@ -2,6 +2,8 @@
 // soft tokens, prefill logits, every greedy step's logits (max |diff| = 0) and the tokens.
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
+import { join } from "node:path";
+import sharp from "sharp";
 import { expect } from "vitest";
 import type { LoadedModel } from "../src/load.ts";
 import { multimodalInputs } from "../src/vision/embed.ts";
@@ -68,4 +70,19 @@ export function expectImageParity(
   } finally {
     for (const f of feats) f.dispose();
   }
+}
+
+/** A w x h PNG of pseudo-random pixels (a linear congruential generator seeded by `seed`) at dir/name. */
+export async function writeTestPng(dir: string, name: string, w: number, h: number, seed: number): Promise<string> {
+  const b = Buffer.alloc(w * h * 3);
+  let s = seed;
+  for (let i = 0; i < b.length; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    b[i] = ((i % (w * 3)) + (s >>> 26)) & 255;
+  }
+  const p = join(dir, name);
+  await sharp(b, { raw: { width: w, height: h, channels: 3 } })
+    .png()
+    .toFile(p);
+  return p;
 }

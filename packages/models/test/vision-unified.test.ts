@@ -9,7 +9,6 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadSafetensors, memory } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import sharp from "sharp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runPython } from "../../../tools/oracle/oracle.ts";
 import { loadModel } from "../src/load.ts";
@@ -17,7 +16,7 @@ import { expandImageTokens, multimodalInputs } from "../src/vision/embed.ts";
 import { decodeImage, loadImageProcessorConfig, preprocessImage } from "../src/vision/preprocess.ts";
 import { Gemma4UnifiedVision, loadVisionEncoder, modelPatches, takesImages } from "../src/vision/unified.ts";
 import { ROOT } from "./helpers.ts";
-import { expectImageParity } from "./vision-parity.ts";
+import { expectImageParity, writeTestPng } from "./vision-parity.ts";
 
 const MAKER = join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py");
 const ORACLE = join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py");
@@ -31,19 +30,7 @@ beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), "mlxb-vision-unified-"));
   ckpt = join(dir, "vision-u");
   runPython([MAKER, "--variant", "u", "--out", ckpt]);
-  const mk = async (name: string, w: number, h: number, seed: number) => {
-    const b = Buffer.alloc(w * h * 3);
-    let s = seed;
-    for (let i = 0; i < b.length; i++) {
-      s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-      b[i] = ((i % (w * 3)) + (s >>> 26)) & 255;
-    }
-    const p = join(dir, name);
-    await sharp(b, { raw: { width: w, height: h, channels: 3 } })
-      .png()
-      .toFile(p);
-    images.push(p);
-  };
+  const mk = async (name: string, w: number, h: number, seed: number) => images.push(await writeTestPng(dir, name, w, h, seed));
   await mk("a.png", 130, 100, 1);
   await mk("b.png", 64, 200, 2);
   await mk("c.png", 480, 480, 3); // already a multiple of 48: no resize, 100 patches
