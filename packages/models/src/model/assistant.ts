@@ -19,7 +19,7 @@ import {
 import { WeightsError } from "../errors.ts";
 import { findWeights, loadPickedTensors } from "../weights.ts";
 import { attentionShared, feedForwardDense, feedForwardMoe, type LayerWeights, layerScale, type ModelConsts } from "./blocks.ts";
-import { proportionalFreqs } from "./gemma4.ts";
+import { layerRopeFreqs } from "./gemma4.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights } from "./nn.ts";
 import { Scope } from "./scope.ts";
 
@@ -84,18 +84,10 @@ export class Gemma4Assistant implements Disposable {
     };
     const H = t.hiddenSize;
     this.specs = layerSpecs(t);
-    const freqsByType = new Map<LayerType, MlxArray>();
-    this.layers = this.specs.map((s) => {
+    const ropeFreqs = layerRopeFreqs(this.specs, this.#owned);
+    this.layers = this.specs.map((s, i) => {
       const L = `model.layers.${s.index}.`;
-      let freqs: MlxArray | undefined;
-      if (s.rope.type === "proportional") {
-        freqs = freqsByType.get(s.type);
-        if (!freqs) {
-          freqs = proportionalFreqs(s.rope.dims, s.rope.rotatedDims, s.rope.theta, s.rope.factor);
-          freqsByType.set(s.type, freqs);
-          this.#owned.push(freqs);
-        }
-      }
+      const freqs = ropeFreqs[i];
       const inter = s.mlpIntermediateSize;
       const lw: LayerWeights = {
         spec: s,

@@ -64,18 +64,10 @@ export class Gemma4Model implements Disposable {
     };
     this.specs = layerSpecs(t);
     this.firstShared = t.numHiddenLayers - t.numKvSharedLayers;
-    const freqsByType = new Map<LayerType, MlxArray>();
-    const layers: LayerWeights[] = this.specs.map((s) => {
+    const ropeFreqs = layerRopeFreqs(this.specs, this.#owned);
+    const layers: LayerWeights[] = this.specs.map((s, i) => {
       const L = `${M}layers.${s.index}.`;
-      let freqs: MlxArray | undefined;
-      if (s.rope.type === "proportional") {
-        freqs = freqsByType.get(s.type);
-        if (!freqs) {
-          freqs = proportionalFreqs(s.rope.dims, s.rope.rotatedDims, s.rope.theta, s.rope.factor);
-          freqsByType.set(s.type, freqs);
-          this.#owned.push(freqs);
-        }
-      }
+      const freqs = ropeFreqs[i];
       return {
         spec: s,
         q: mod(`${L}self_attn.q_proj`),
@@ -245,6 +237,24 @@ export class Gemma4Model implements Disposable {
   [Symbol.dispose](): void {
     this.dispose();
   }
+}
+
+/**
+ * The RoPE frequencies of each layer spec (undefined for the default RoPE): ProportionalRoPE's are
+ * made once per layer type and pushed to `owned`, which the caller disposes.
+ */
+export function layerRopeFreqs(specs: readonly LayerSpec[], owned: MlxArray[]): (MlxArray | undefined)[] {
+  const byType = new Map<LayerType, MlxArray>();
+  return specs.map((s) => {
+    if (s.rope.type !== "proportional") return undefined;
+    let f = byType.get(s.type);
+    if (!f) {
+      f = proportionalFreqs(s.rope.dims, s.rope.rotatedDims, s.rope.theta, s.rope.factor);
+      byType.set(s.type, f);
+      owned.push(f);
+    }
+    return f;
+  });
 }
 
 /** ProportionalRoPE's frequencies (rope_utils.py:214-220), same ops. */
