@@ -54,7 +54,7 @@ export {
   type RgbImage,
   resizeBicubic,
 } from "./vision/preprocess.ts";
-export { Gemma4Vision, type MultimodalTokens, parseMultimodalTokens, parseVisionConfig, type VisionConfig } from "./vision/tower.ts";
+export { Gemma4Vision, parseMultimodalTokens, parseVisionConfig, type VisionConfig } from "./vision/tower.ts";
 export {
   Gemma4UnifiedVision,
   loadVisionEncoder,
@@ -64,7 +64,7 @@ export {
   takesImages,
   type UnifiedVisionConfig,
 } from "./vision/unified.ts";
-export type { VisionEncoder } from "./vision/encoder.ts";
+export type { MultimodalTokens, VisionEncoder } from "./vision/encoder.ts";
 export { bidirectionalVision, expandImageTokens, multimodalInputs, type OwnedForwardInputs } from "./vision/embed.ts";
 export { type ForwardInputs, Gemma4Model } from "./model/gemma4.ts";
 export { type DrafterKv, Gemma4Assistant, isAssistantDir, type LoadedAssistant, loadAssistant } from "./model/assistant.ts";

@@ -10,7 +10,7 @@ import type { Mask } from "@mlx-bun/kv-cache";
 import type { LayerType } from "../config.ts";
 import { WeightsError } from "../errors.ts";
 import type { ForwardInputs, Gemma4Model } from "../model/gemma4.ts";
-import type { MultimodalTokens } from "./tower.ts";
+import type { MultimodalTokens } from "./encoder.ts";
 
 /** Replace the i-th image token of `ids` by <boi> + softTokens[i] image tokens + <eoi> (processing_gemma4.py). */
 export function expandImageTokens(ids: readonly number[], softTokens: readonly number[], t: MultimodalTokens): number[] {

@@ -1,11 +1,19 @@
-// What the two Gemma 4 image encoders share: the encoder contract, the ownership of their weights,
+// What the two Gemma 4 image encoders share: the multimodal token ids, the encoder contract, the ownership of their weights,
 // and embed_vision (mlx-vlm's MultimodalEmbedder), the last step of both.
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { linear, type ModuleWeights } from "../model/nn.ts";
 import type { Scope } from "../model/scope.ts";
 import type { PreprocessedImage } from "./preprocess.ts";
-import type { MultimodalTokens } from "./tower.ts";
+
+/** The multimodal token ids of the wrapper config (mlx-vlm ModelConfig defaults). */
+export interface MultimodalTokens {
+  imageTokenId: number;
+  boiTokenId: number;
+  eoiTokenId: number;
+  audioTokenId: number | null;
+  videoTokenId: number | null;
+}
 
 /** An image encoder: the gemma4 vision tower or gemma4_unified's vision embedder. */
 export interface VisionEncoder extends Disposable {

@@ -10,7 +10,7 @@ import { ConfigError, WeightsError } from "../errors.ts";
 import { linear, type ModuleWeights } from "../model/nn.ts";
 import { Scope } from "../model/scope.ts";
 import { findWeights, loadPickedTensors } from "../weights.ts";
-import { EncoderWeights, embedVision } from "./encoder.ts";
+import { EncoderWeights, embedVision, type MultimodalTokens } from "./encoder.ts";
 import type { PreprocessedImage } from "./preprocess.ts";
 
 /** vision_config (mlx-vlm gemma4/config.py VisionConfig; defaults from there). */
@@ -29,15 +29,6 @@ export interface VisionConfig {
   poolingKernelSize: number;
   useClippedLinears: boolean;
   standardize: boolean;
-}
-
-/** The multimodal token ids of the wrapper config (mlx-vlm ModelConfig defaults). */
-export interface MultimodalTokens {
-  imageTokenId: number;
-  boiTokenId: number;
-  eoiTokenId: number;
-  audioTokenId: number | null;
-  videoTokenId: number | null;
 }
 
 function obj(v: unknown): Record<string, unknown> | null {

@@ -14,9 +14,9 @@ import { ConfigError, WeightsError } from "../errors.ts";
 import { linear, type ModuleWeights } from "../model/nn.ts";
 import { Scope } from "../model/scope.ts";
 import { findWeights, loadPickedTensors } from "../weights.ts";
-import { EncoderWeights, embedVision, type VisionEncoder } from "./encoder.ts";
+import { EncoderWeights, embedVision, type MultimodalTokens, type VisionEncoder } from "./encoder.ts";
 import type { PreprocessedImage } from "./preprocess.ts";
-import { Gemma4Vision, type MultimodalTokens, parseMultimodalTokens, parseVisionConfig } from "./tower.ts";
+import { Gemma4Vision, parseMultimodalTokens, parseVisionConfig } from "./tower.ts";
 
 /** gemma4_unified's vision_config (mlx-vlm gemma4_unified/config.py VisionConfig; defaults from there). */
 export interface UnifiedVisionConfig {
