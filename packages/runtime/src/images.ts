@@ -1,14 +1,15 @@
 // Images in a request (docs/images.md, "Runtime"): a GenerateRequest may carry preprocessed
 // images (host pixels, @mlx-bun/models' preprocessImage) whose soft-token runs are already in its
-// prompt ids (expandImageTokens). The scheduler prefills such a prompt alone and in one chunk:
-// the vision tower encodes the images, multimodalInputs places the soft tokens (and mlx-vlm's
+// prompt ids (expandImageTokens). The scheduler prefills such a prompt in a group of its own: the
+// vision tower encodes the images, multimodalInputs places the soft tokens (and mlx-vlm's
 // bidirectional image mask where the model asks for it), and the forward pass fills the caches;
-// decoding after the prompt is the plain text path, batched with other rows. Image prompts are
-// never looked up in nor kept in the prompt cache (their KV depends on the pixels, which the
-// token ids do not name).
+// decoding after the prompt is the plain text path, batched with other rows. In the prompt cache
+// an image prompt is keyed by its key ids (imageCacheKeys): every position of an image's run is
+// an id derived from the SHA-256 of its pixels, so KV is never reused across different images.
+import { createHash } from "node:crypto";
 import { evaluate, memory, MlxArray } from "@mlx-bun/mlx-ffi";
 import type { Cache } from "@mlx-bun/kv-cache";
-import { type ForwardInputs, type VisionEncoder, multimodalInputs, type PreprocessedImage } from "@mlx-bun/models";
+import { bidirectionalVision, type ForwardInputs, type VisionEncoder, multimodalInputs, type PreprocessedImage } from "@mlx-bun/models";
 import type { GenerationEngine } from "./engine-contract.ts";
 import { RequestError } from "./request.ts";
 import type { GenerateRequest } from "./types.ts";
@@ -75,10 +76,94 @@ export function checkImages(req: GenerateRequest, engine: GenerationEngine): voi
   if (ids.at(-1) === tok) throw new RequestError("the prompt must not end with an image token");
 }
 
+/** Each image's run in `ids`: the positions [start, end) of its image tokens, in order. */
+export function imageRuns(ids: readonly number[], imageTokenId: number): { start: number; end: number }[] {
+  const runs: { start: number; end: number }[] = [];
+  for (let i = 0; i < ids.length; i++) {
+    if (ids[i] !== imageTokenId) continue;
+    if (i === 0 || ids[i - 1] !== imageTokenId) runs.push({ start: i, end: i });
+    runs[runs.length - 1]!.end = i + 1;
+  }
+  return runs;
+}
+
+/** Key words per image: 48-bit pieces of the SHA-256 of its content. */
+const imageWords = new WeakMap<ImageInput, number[]>();
+
+/** An image's content key: five 48-bit words of the SHA-256 of its size, soft-token count and pixels. */
+function contentWords(im: ImageInput): number[] {
+  let w = imageWords.get(im);
+  if (w) return w;
+  const h = createHash("sha256");
+  h.update(Uint32Array.of(im.width, im.height, im.softTokens));
+  h.update(new Uint8Array(im.pixels.buffer, im.pixels.byteOffset, im.pixels.byteLength));
+  const d = h.digest();
+  w = Array.from({ length: 5 }, (_, k) => d.readUIntBE(6 * k, 6));
+  imageWords.set(im, w);
+  return w;
+}
+
+/** How an image prompt is keyed in the prompt cache, and where a reused prefix may end. */
+export interface ImageCacheKeys {
+  /**
+   * The prompt ids with each image token replaced by a negative id from its image's content hash
+   * (position j of a run: -(1 + word[j mod 5]), five 48-bit words of the SHA-256 of the image's
+   * size, soft-token count and pixels): two prompts share a key prefix through an image only when
+   * they hold the same image at the same place. Never a token id: used for lookup/insert only.
+   */
+  keys: number[];
+  /** End of the last image's run (0 without images). */
+  lastRunEnd: number;
+  /** The longest allowed reuse of at most `r` prompt tokens (PromptCache LookupOptions.cut). */
+  cut: (r: number) => number;
+}
+
 /**
- * Prefill an image prompt: `ids` (all of the prompt but its last token) into `caches` (empty:
- * single-sequence caches, or a batch of one row), in one forward pass, the images' soft tokens in
- * place. The caches are evaluated and MLX's buffer cache cleared, as prefillChunk does.
+ * The prompt-cache keys of an image request (checked by checkImages). A reused prefix never ends
+ * inside an image's run (the run's soft tokens, and its bidirectional block, go in one prefill):
+ * such a cut moves back to the run's start. On a model with bidirectional image attention the
+ * block mask is built only for a prefill from empty caches (as mlx-vlm's), so there a reused
+ * prefix must hold every image: a cut before the last image's end is no reuse at all.
+ */
+export function imageCacheKeys(req: GenerateRequest, engine: GenerationEngine): ImageCacheKeys {
+  const vision = imageEngine(engine)?.vision() ?? null;
+  if (!vision || !req.images?.length) return { keys: [...req.promptIds], lastRunEnd: 0, cut: (r) => r };
+  const runs = imageRuns(req.promptIds, vision.tokens.imageTokenId);
+  const keys = [...req.promptIds];
+  runs.forEach((run, i) => {
+    const w = contentWords(req.images![i]!);
+    for (let p = run.start; p < run.end; p++) keys[p] = -(1 + w[(p - run.start) % w.length]!);
+  });
+  const lastRunEnd = runs.at(-1)?.end ?? 0;
+  const bidirectional = bidirectionalVision(engine.loaded.model);
+  const cut = (r: number): number => {
+    if (bidirectional) return r >= lastRunEnd ? r : 0;
+    const inside = runs.find((run) => r > run.start && r < run.end);
+    return inside ? inside.start : r;
+  };
+  return { keys, lastRunEnd, cut };
+}
+
+/** The images of `req` whose runs lie in `req.promptIds.slice(from, to)` (runs are never split: checked). */
+export function imagesIn(engine: GenerationEngine, req: GenerateRequest, from: number, to: number): ImageInput[] {
+  const vision = imageEngine(engine)?.vision() ?? null;
+  if (!vision || !req.images?.length) return [];
+  const runs = imageRuns(req.promptIds, vision.tokens.imageTokenId);
+  const out: ImageInput[] = [];
+  runs.forEach((run, i) => {
+    if (run.end <= from || run.start >= to) return;
+    if (run.start < from || run.end > to) throw new RequestError(`image ${i}'s run [${run.start}, ${run.end}) is split by a prefill chunk [${from}, ${to})`);
+    out.push(req.images![i]!);
+  });
+  return out;
+}
+
+/**
+ * Prefill a chunk of an image prompt: `ids` (whole image runs, never a part of one) into `caches`
+ * (single-sequence caches, or a batch of one row), at their offset, in one forward pass, the soft
+ * tokens of `images` (the images whose runs are in `ids`, in order) in place. On a model with
+ * bidirectional image attention a chunk holding images starts from empty caches. The caches are
+ * evaluated and MLX's buffer cache cleared, as prefillChunk does.
  */
 export function prefillImages(engine: GenerationEngine, caches: Cache[], ids: readonly number[], images: readonly ImageInput[]): void {
   const ie = imageEngine(engine);
@@ -86,11 +171,12 @@ export function prefillImages(engine: GenerationEngine, caches: Cache[], ids: re
   if (!ie || !vision) throw new RequestError(`the model ${engine.loaded.dir} has no vision tower: it cannot take images`);
   if (ids.length === 0) return;
   const offset = caches[0]?.offset ?? 0;
-  if (offset !== 0) throw new RequestError(`an image prompt is prefilled from empty caches (offset ${offset})`);
+  if (offset !== 0 && images.length && bidirectionalVision(engine.loaded.model))
+    throw new RequestError(`images on a model with bidirectional image attention are prefilled from empty caches (offset ${offset})`);
   const feats: MlxArray[] = [];
   try {
     for (const im of images) feats.push(vision.encode(im));
-    using mm = multimodalInputs(engine.loaded.model, vision.tokens, ids, feats, 0);
+    using mm = multimodalInputs(engine.loaded.model, vision.tokens, ids, feats, offset);
     {
       using x = MlxArray.fromNumbers([...ids], [1, ids.length], "int32");
       using logits = ie.forwardWith(x, caches, mm.inputs);

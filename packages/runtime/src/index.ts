@@ -51,7 +51,17 @@ export { type Pick, Sequence } from "./sequence.ts";
 export { DecodeRunner, Row, type RunnerOptions, type StepForward } from "./runner.ts";
 export { Scheduler, type SchedulerOptions, type SchedulerStats, type SubmitOptions } from "./scheduler.ts";
 export { type PrefillModel, prefillBatch, prefillChunk } from "./batch-prefill.ts";
-export { checkImages, hasImages, type ImageEngine, type ImageInput, prefillImages } from "./images.ts";
+export {
+  checkImages,
+  hasImages,
+  type ImageCacheKeys,
+  imageCacheKeys,
+  type ImageEngine,
+  type ImageInput,
+  imageRuns,
+  imagesIn,
+  prefillImages,
+} from "./images.ts";
 export { DEFAULT_NUM_DRAFT_TOKENS, type Drafter, SpeculativeDecoder, type SpeculativeOptions } from "./speculative.ts";
 export { firstRejection, rejectionSample, type RejectionDraws, samplingLogProbs } from "./speculative-sampling.ts";
 export {

@@ -65,6 +65,11 @@ export interface PromptCacheHit extends Disposable {
 export interface LookupOptions {
   /** Only entries whose per-layer signatures equal these (e.g. the KV mode the request uses). */
   signatures?: readonly string[];
+  /**
+   * Where a reused prefix may end: the longest allowed prefix of at most `r` tokens (e.g. an image
+   * prompt's: never inside an image's run, images.ts imageCacheKeys). Default: any `r`.
+   */
+  cut?: (r: number) => number;
 }
 
 /** One entry, as `entries()` lists it (most recently used last). */
@@ -140,9 +145,10 @@ export class PromptCache implements Disposable {
   }
 
   /** Tokens of `promptIds` that entry `e` could serve (0 = not usable). */
-  #usable(e: Entry, promptIds: readonly number[]): number {
+  #usable(e: Entry, promptIds: readonly number[], cut?: (r: number) => number): number {
     // At least one prompt token is left to run: its logits pick the first new token.
-    const r = Math.min(commonPrefix(e.tokens, promptIds), promptIds.length - 1);
+    const common = Math.min(commonPrefix(e.tokens, promptIds), promptIds.length - 1);
+    const r = cut ? Math.min(common, cut(common)) : common;
     if (r <= 0) return 0;
     if (r === e.tokens.length) return r; // exact extension: nothing to trim
     if (!e.trimmable || r < e.minReusable) return 0;
@@ -152,6 +158,8 @@ export class PromptCache implements Disposable {
   /**
    * The entry with the longest usable common prefix with `promptIds`, as caches the caller owns,
    * trimmed to that prefix; null when none is usable. A hit makes the entry most recently used.
+   * `promptIds` are the ids the entries are keyed by: token ids, or an image prompt's key ids
+   * (negative at image positions: images.ts imageCacheKeys).
    */
   lookup(promptIds: readonly number[], opts: LookupOptions = {}): PromptCacheHit | null {
     let best = -1;
@@ -159,7 +167,7 @@ export class PromptCache implements Disposable {
     for (let i = 0; i < this.#entries.length; i++) {
       const e = this.#entries[i]!;
       if (opts.signatures && !sameList(opts.signatures, e.signatures)) continue;
-      const r = this.#usable(e, promptIds);
+      const r = this.#usable(e, promptIds, opts.cut);
       if (r > 0 && r >= bestLen) {
         // later entries are more recent: ties go to the most recently used
         best = i;
@@ -192,7 +200,7 @@ export class PromptCache implements Disposable {
   /**
    * Snapshot `caches` (sharing their arrays; the caller still owns and disposes its caches) under
    * `tokens`, the ids they hold (ids past the caches' offset, e.g. the last sampled token that was
-   * never fed, are dropped). Replaces an entry with the same tokens, drops entries the new one
+   * never fed, are dropped; an image prompt's key ids, negative at image positions). Replaces an entry with the same tokens, drops entries the new one
    * makes redundant, then evicts least recently used entries until the budget holds. Returns
    * false when nothing was kept (empty caches, or one entry larger than the budget).
    */
@@ -255,11 +263,12 @@ export class PromptCache implements Disposable {
    * Every entry as token ids and copies of its caches (sharing its arrays; the caller owns and
    * disposes them), least recently used first: for persisting the cache (e.g. at shutdown).
    * Inserting them in this order into an empty cache restores the same entries and LRU order.
+   * Entries keyed through images (negative key ids) are left out: their keys are no token ids.
    */
   snapshot(): { tokens: number[]; caches: Cache[] }[] {
     const out: { tokens: number[]; caches: Cache[] }[] = [];
     try {
-      for (const e of this.#entries) out.push({ tokens: [...e.tokens], caches: copyCaches(e.caches, this.#makeEmpty) });
+      for (const e of this.#entries) if (e.tokens.every((t) => t >= 0)) out.push({ tokens: [...e.tokens], caches: copyCaches(e.caches, this.#makeEmpty) });
     } catch (err) {
       for (const o of out) for (const c of o.caches) c.dispose();
       throw err;

@@ -9,7 +9,7 @@ import { asBatchCache, type Cache, mergeRows, takeBatchRows } from "@mlx-bun/kv-
 import { codecFor } from "@mlx-bun/models";
 import { yieldToEventLoop } from "./async.ts";
 import { prefillChunk } from "./batch-prefill.ts";
-import { checkImages, hasImages, prefillImages } from "./images.ts";
+import { checkImages, hasImages, type ImageCacheKeys, imageCacheKeys, imagesIn, prefillImages } from "./images.ts";
 import type { GenerationEngine, PrefillProgress, RunOptions } from "./engine-contract.ts";
 import { type PromptCache, PromptCacheError } from "./prompt-cache.ts";
 import { RequestError, validateRequest } from "./request.ts";
@@ -74,17 +74,24 @@ class Entry extends Row {
   prefilled = 0;
   /** Prompt lengths to keep in the prompt cache (the request's cacheCheckpoints inside the prompt, ascending). */
   readonly checkpoints: number[];
+  /** The ids the prompt cache keys this prompt by: its token ids, or an image prompt's key ids (images.ts). */
+  readonly keys: readonly number[];
 
   constructor(
     seq: Sequence,
     /** KV bytes reserved for prompt + max_tokens. */
     readonly bytes: number,
     readonly onPrefill: PrefillProgress | undefined,
+    /** An image prompt's prompt-cache keys (with a prompt cache), else null. */
+    readonly imageKeys: ImageCacheKeys | null = null,
   ) {
     super(seq);
     const n = seq.req.promptIds.length;
-    // Image prompts keep no prompt-cache snapshots (images.ts).
-    this.checkpoints = hasImages(seq.req) ? [] : [...new Set(seq.req.cacheCheckpoints ?? [])].filter((c) => c > 0 && c < n - 1).sort((a, b) => a - b);
+    this.keys = imageKeys?.keys ?? seq.req.promptIds;
+    // An image prompt's snapshots lie where a reused prefix may end (never inside an image's run:
+    // a prefill chunk holds whole images; on a bidirectional model, none before its last image).
+    const cut = imageKeys?.cut ?? ((c: number) => c);
+    this.checkpoints = [...new Set(seq.req.cacheCheckpoints ?? [])].filter((c) => c > 0 && c < n - 1 && cut(c) === c).sort((a, b) => a - b);
   }
 }
 
@@ -177,7 +184,8 @@ export class Scheduler {
     if (this.speculative && this.speculative.draftTokensFor(req) > 0 && !req.logitsProcessors?.some((p) => p.advance) && !hasImages(req))
       return this.speculative.generate(req, opts);
     const seq = new Sequence(req, this.engine.loaded.tokenizer);
-    this.#pending.push(new Entry(seq, bytes, opts.onPrefill));
+    const keys = this.promptCache && hasImages(req) ? imageCacheKeys(req, this.engine) : null;
+    this.#pending.push(new Entry(seq, bytes, opts.onPrefill, keys));
     this.#running ??= this.#loop().finally(() => {
       this.#running = null;
     });
@@ -276,7 +284,8 @@ export class Scheduler {
     try {
       const rows = group.map((e) => {
         const prompt = e.seq.req.promptIds;
-        const hit = hasImages(e.seq.req) ? null : (this.promptCache?.lookup(prompt, { signatures: this.#cacheSignatures() }) ?? null);
+        const cut = e.imageKeys?.cut;
+        const hit = this.promptCache?.lookup(e.keys, { signatures: this.#cacheSignatures(), ...(cut ? { cut } : {}) }) ?? null;
         e.seq.cachedTokens = hit?.cachedTokens ?? 0;
         e.onPrefill?.(0, prompt.length - e.seq.cachedTokens);
         return hit ? hit.caches : this.engine.makeCaches();
@@ -322,9 +331,12 @@ export class Scheduler {
       if (this.#prefill) {
         // Each row's chunk: up to prefillStep tokens, ending at its next checkpoint (mlx_lm.server's segments).
         const chunks = g.rows.map((r, i) => g.rest[i]!.slice(0, this.#chunkLength(r, g.rest[i]!.length)));
-        const images = g.rows.length === 1 ? g.rows[0]!.seq.req.images : undefined;
-        if (images?.length) prefillImages(this.engine, g.caches, chunks[0]!, images);
-        else prefillChunk(this.engine, g.caches, chunks);
+        // An image prompt (a group of its own): the images whose runs are in its chunk (none of those in a reused prefix).
+        const r0 = g.rows[0]!;
+        if (g.rows.length === 1 && hasImages(r0.seq.req)) {
+          const fed = this.#fed(r0);
+          prefillImages(this.engine, g.caches, chunks[0]!, imagesIn(this.engine, r0.seq.req, fed, fed + chunks[0]!.length));
+        } else prefillChunk(this.engine, g.caches, chunks);
         g.rest = g.rest.map((t, i) => t.slice(chunks[i]!.length));
         g.rows.forEach((r, i) => {
           r.prefilled += chunks[i]!.length;
@@ -347,7 +359,7 @@ export class Scheduler {
     for (const p of ready) {
       // The prompt's end (all but its last token): a later prompt extending it reuses it, wrapped window or not.
       p.rows.forEach((r, i) => {
-        if (this.promptCache && this.#fed(r) > r.seq.cachedTokens && !hasImages(r.seq.req)) this.#checkpoint(r, { caches: p.caches, solo: g.solo }, i);
+        if (this.promptCache && this.#fed(r) > r.seq.cachedTokens) this.#checkpoint(r, { caches: p.caches, solo: g.solo }, i);
       });
       this.#startDecoding(p.rows, p.caches, g.solo);
     }
@@ -360,15 +372,16 @@ export class Scheduler {
 
   /** The row's next prefill chunk: at most prefillStep of its `left` tokens, ending at its next checkpoint. */
   #chunkLength(r: Entry, left: number): number {
-    if (hasImages(r.seq.req)) return left; // one chunk: the image tokens' soft tokens go in together (images.ts)
     const fed = this.#fed(r);
     const next = this.promptCache ? r.checkpoints.find((c) => c > fed) : undefined;
+    // An image prompt: split only at its checkpoints, so each image's run is in one chunk (its soft tokens go in together: images.ts).
+    if (hasImages(r.seq.req)) return next === undefined ? left : Math.min(left, next - fed);
     return Math.min(this.engine.prefillStep, left, next === undefined ? left : next - fed);
   }
 
   /** Keep row `i` of `g`'s caches in the prompt cache under the prompt tokens they hold. */
   #checkpoint(r: Entry, g: { caches: Cache[]; solo: boolean }, i: number): void {
-    const ids = r.seq.req.promptIds.slice(0, this.#fed(r));
+    const ids = r.keys.slice(0, this.#fed(r));
     if (g.solo) {
       this.promptCache!.insert(ids, g.caches);
       return;
@@ -477,10 +490,10 @@ export class Scheduler {
   /** Put the caches of rows that finished (not cancelled) into the prompt cache. */
   #remember(rows: readonly Entry[], caches: readonly Cache[], solo: boolean): void {
     rows.forEach((r, i) => {
-      if (!r.seq.done || r.seq.finishReason === "cancelled" || hasImages(r.seq.req)) return;
-      // A row holds the prompt and the generated tokens it was fed (one more when a pipelined step
-      // fed it before it finished); insert keeps the ids the caches hold.
-      const ids = [...r.seq.history, ...r.fedAhead];
+      if (!r.seq.done || r.seq.finishReason === "cancelled") return;
+      // A row holds the prompt (keyed by its key ids) and the generated tokens it was fed (one more
+      // when a pipelined step fed it before it finished); insert keeps the ids the caches hold.
+      const ids = [...r.keys, ...r.seq.history.slice(r.keys.length), ...r.fedAhead];
       // Keeping a finished row's caches is only an optimization: a refusal (ids that do not match
       // what the caches hold) costs that entry, never the requests of the batch.
       try {

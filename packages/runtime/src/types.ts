@@ -106,7 +106,8 @@ export interface GenerateRequest {
   /**
    * Images of the prompt, in order (preprocessed: @mlx-bun/models' preprocessImage). The prompt
    * holds each image's soft-token run already (expandImageTokens). Such a request is prefilled
-   * alone, in one chunk, and bypasses the prompt cache and speculative decoding (images.ts).
+   * in a group of its own, its images in one chunk, and skips speculative decoding; the prompt
+   * cache keys it by the images' content (images.ts imageCacheKeys).
    */
   images?: PreprocessedImage[];
 }

@@ -45,7 +45,7 @@ describe.each(["vision-e", "vision-l"])("%s: image requests = mlx_vlm.generate",
     const handles = memory.liveHandles();
     expect(await tokens(e.generate(reqB))).toEqual(refB.tokens);
     // Batched: two text requests and both image requests at once (and again: the prompt cache holds
-    // the text prompts, never the image ones; the same ids with the other image are not a hit).
+    // every prompt, the image ones keyed by their images' content: images-prompt-cache.test.ts).
     const cache = new PromptCache({ maxEntries: 8, maxBytes: 1 << 30 });
     const sched = new Scheduler(e, { maxBatch: 8, promptCache: cache });
     const text = (i: number): GenerateRequest => ({ promptIds: Array.from({ length: 9 + i }, (_, j) => 3 + ((j * 37 + i) % 200)), maxTokens: N });
