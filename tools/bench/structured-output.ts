@@ -19,7 +19,6 @@ import { writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
-import type { Gemma4Tokenizer } from "@mlx-bun/models";
 import {
   Engine,
   type GenerateRequest,
@@ -29,6 +28,7 @@ import {
   Scheduler,
   StructuredOutputCompiler,
 } from "@mlx-bun/runtime";
+import { syntheticTokenizer } from "./synthetic-tokenizer.ts";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const argv = process.argv.slice(2);
@@ -162,33 +162,8 @@ async function main(): Promise<void> {
   if (O.json) writeFileSync(O.json, `${JSON.stringify(out, null, 2)}\n`);
 }
 
-/** A random byte-fallback tokenizer of 262,144 tokens (see syntheticVocab). */
-function syntheticTokenizer(): Gemma4Tokenizer {
-  const V = 262144;
-  let seed = 12345;
-  const rnd = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32;
-  const chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789{}[]:,\"'.-_!?()\u2581\u2581\u2581\u2581éüñ中文の";
-  const vocab: Record<string, number> = {};
-  const added = [
-    { id: 0, content: "<pad>", special: true },
-    { id: 1, content: "<eos>", special: true },
-    { id: 2, content: "<bos>", special: true },
-  ];
-  let id = 3;
-  for (let b = 0; b < 256; b++) vocab[`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`] = id++;
-  while (id < V) {
-    const n = 1 + Math.floor(rnd() * rnd() * 10);
-    let t = "";
-    for (let k = 0; k < n; k++) t += chars[Math.floor(rnd() * chars.length)];
-    if (vocab[t] === undefined) vocab[t] = id++;
-  }
-  const tokenizerJson = {
-    model: { type: "BPE", vocab, byte_fallback: true },
-    added_tokens: added,
-    decoder: { type: "Sequence", decoders: [{ type: "Replace" }, { type: "ByteFallback" }, { type: "Fuse" }] },
-  };
-  return { tokenizerJson, eosTokenIds: new Set([1]) } as unknown as Gemma4Tokenizer;
-}
+/** The synthetic 262,144-token vocabulary (synthetic-tokenizer.ts) with Gemma's first three specials. */
+const synthetic = () => syntheticTokenizer({ specials: ["<pad>", "<eos>", "<bos>"], eos: [1] });
 
 /**
  * The compile stall: 8 streams decode on `engine` (4 plain, 4 with a schema) while a grammar of
@@ -198,7 +173,7 @@ async function compileStall(engine: Engine) {
   const tok = engine.loaded.tokenizer;
   const vocab = tok.vocabSize;
   const sched = new Scheduler(engine, { maxBatch: 16 });
-  const fake = syntheticTokenizer();
+  const fake = synthetic();
   let last = performance.now();
   let stall = 0;
   const probe = setInterval(() => {
@@ -289,7 +264,7 @@ async function syntheticVocab() {
   const V = 262144;
   let seed = 12345;
   const rnd = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32;
-  const fake = syntheticTokenizer();
+  const fake = synthetic();
   let t0 = performance.now();
   const p = await grammarProcessor(fake, { type: "json_schema", schema: SCHEMA }, { promptTokens: 1 });
   const buildMs = performance.now() - t0;

@@ -5,36 +5,13 @@
 // new list compiles (a 1 ms interval probe; the compile runs in the grammar worker).
 //
 //   .native/bin/bun tools/bench/tool-call-grammar.ts [--tools 4]
-import type { Gemma4Tokenizer } from "@mlx-bun/models";
 import { StructuredOutputCompiler, type ToolSpec, toolCallProcessor } from "@mlx-bun/runtime";
+import { syntheticTokenizer } from "./synthetic-tokenizer.ts";
 
 const argv = process.argv.slice(2);
 const nTools = Number(argv[argv.indexOf("--tools") + 1] ?? 4) || 4;
 
-function syntheticTokenizer(): Gemma4Tokenizer {
-  const V = 262144;
-  let seed = 12345;
-  const rnd = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32;
-  const chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789{}[]:,\"'.-_!?()<>|\u2581\u2581\u2581\u2581éüñ中文の";
-  const specials = ["<pad>", "<eos>", "<bos>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|tool_response>"];
-  const added = specials.map((content, id) => ({ id, content, special: true }));
-  const vocab: Record<string, number> = {};
-  let id = specials.length;
-  for (let b = 0; b < 256; b++) vocab[`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`] = id++;
-  while (id < V) {
-    const n = 1 + Math.floor(rnd() * rnd() * 10);
-    let t = "";
-    for (let k = 0; k < n; k++) t += chars[Math.floor(rnd() * chars.length)];
-    if (vocab[t] === undefined) vocab[t] = id++;
-  }
-  const tokenizerJson = {
-    model: { type: "BPE", vocab, byte_fallback: true },
-    added_tokens: added,
-    decoder: { type: "Sequence", decoders: [{ type: "Replace" }, { type: "ByteFallback" }, { type: "Fuse" }] },
-  };
-  const ids = new Map(specials.map((s, i) => [s, i]));
-  return { tokenizerJson, eosTokenIds: new Set([1, 8]), tokenToId: (t: string) => ids.get(t) } as unknown as Gemma4Tokenizer;
-}
+const SPECIALS = ["<pad>", "<eos>", "<bos>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>", "<|tool_response>"];
 
 const tools = (tag: string): ToolSpec[] =>
   Array.from({ length: nTools }, (_, i) => ({
@@ -52,7 +29,7 @@ const tools = (tag: string): ToolSpec[] =>
     },
   }));
 
-const tok = syntheticTokenizer();
+const tok = syntheticTokenizer({ specials: SPECIALS, eos: [1, 8], extraChars: "<>|" });
 const build = async (t: ToolSpec[]) => {
   const t0 = performance.now();
   (await toolCallProcessor(tok, { tools: t, thinking: true }, { promptTokens: 1 })).dispose();

@@ -309,12 +309,8 @@ class GrammarEngine {
   constructor(init: EngineInit) {
     this.#w = new Worker(ENGINE_URL.href);
     this.#w.unref();
-    let ready!: () => void;
-    let failed!: (e: Error) => void;
-    this.#ready = new Promise<void>((res, rej) => {
-      ready = res;
-      failed = rej;
-    });
+    const { promise, resolve: ready, reject: failed } = Promise.withResolvers<void>();
+    this.#ready = promise;
     this.#ready.catch(() => {});
     const down = (why: string) => {
       if (!this.dead) this.terminate();
@@ -396,12 +392,8 @@ class ConversionWorker {
   constructor() {
     this.#w = new Worker(WORKER_URL.href);
     this.#w.unref();
-    let ready!: () => void;
-    let failed!: (e: Error) => void;
-    this.#ready = new Promise<void>((res, rej) => {
-      ready = res;
-      failed = rej;
-    });
+    const { promise, resolve: ready, reject: failed } = Promise.withResolvers<void>();
+    this.#ready = promise;
     this.#ready.catch(() => {});
     this.#w.onmessage = (ev: MessageEvent<ConvertReply | { ready: true }>) => {
       const m = ev.data;
