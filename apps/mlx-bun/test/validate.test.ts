@@ -170,7 +170,12 @@ describe("messages", () => {
     expectError(() => parseChatRequest({ messages: [audio] }, ctx), 400, "messages[0].content[0]", "unsupported_parameter");
     const img = { role: "user", content: [{ type: "image_url", image_url: { url: "data:," } }] };
     expect(() => parseChatRequest({ messages: [img] }, ctx)).not.toThrow();
-    expectError(() => parseChatRequest({ messages: [{ role: "user", content: [{ type: "image_url", image_url: {} }] }] }, ctx), 400, "messages[0].content[0].image_url", "invalid_type");
+    expectError(
+      () => parseChatRequest({ messages: [{ role: "user", content: [{ type: "image_url", image_url: {} }] }] }, ctx),
+      400,
+      "messages[0].content[0].image_url",
+      "invalid_type",
+    );
     expectError(() => parseChatRequest({ messages: [{ role: "user", content: [{ type: "text" }] }] }, ctx), 400, "messages[0].content[0].text", "invalid_type");
   });
   test("text parts are joined, null content is empty, tool-call arguments are parsed", () => {

@@ -79,13 +79,7 @@ export interface EmbeddedInputs {
 }
 
 /** Embeddings × √hidden and, with per-layer embeddings, the per-layer inputs [B, L, layers, hpl]. */
-export function embedInputs(
-  m: ModelParts,
-  c: ModelConsts,
-  ids: MlxArray,
-  s: Scope,
-  given?: EmbeddedInputs,
-): { h: MlxArray; perLayer: MlxArray | undefined } {
+export function embedInputs(m: ModelParts, c: ModelConsts, ids: MlxArray, s: Scope, given?: EmbeddedInputs): { h: MlxArray; perLayer: MlxArray | undefined } {
   const h = given ? given.h : s.t(mx.multiply(s.t(embed(m.embed, ids)), c.hiddenSize ** 0.5));
   if (!m.ple) return { h, perLayer: undefined };
   const hpl = c.hiddenPerLayer;
