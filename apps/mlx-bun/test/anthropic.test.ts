@@ -3,17 +3,15 @@
 // and its tool_result back through the chat template, stop sequences, max_tokens, count_tokens
 // equal to the prompt, x-api-key, and errors in Anthropic's shape. The tiny random model is made
 // to write fixed outputs (test/scripted.ts).
-import { join } from "node:path";
 import Anthropic, { type APIError } from "@anthropic-ai/sdk";
-import { Engine, type LogitsProcessor, maskIds, Scheduler } from "@mlx-bun/runtime";
+import { type Engine, type LogitsProcessor, maskIds, type Scheduler } from "@mlx-bun/runtime";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { chatPromptIds } from "../src/prompt.ts";
 import { thinkingBudget } from "../src/server/anthropic.ts";
-import { type RunningServer, startServer } from "../src/server/http.ts";
-import { makeTinySmall, tempDir } from "./helpers.ts";
-import { type ScriptedSink, scriptedSink } from "./scripted.ts";
+import type { RunningServer } from "../src/server/http.ts";
+import { type ScriptedServer, type ScriptedSink, startScriptedServer } from "./scripted.ts";
 
-let tmp: ReturnType<typeof tempDir>;
+let fx: ScriptedServer;
 let engine: Engine;
 let scheduler: Scheduler;
 let sink: ScriptedSink;
@@ -23,23 +21,13 @@ let client: Anthropic;
 const MODEL = "tiny";
 
 beforeAll(() => {
-  tmp = tempDir("mlxb-anthropic-");
-  const dir = makeTinySmall(join(tmp.path, "tiny"));
-  engine = Engine.load(dir);
-  scheduler = new Scheduler(engine, { maxBatch: 4 });
-  sink = scriptedSink(engine, scheduler);
-  srv = startServer({ model: engine.loaded, scheduler: sink, modelId: MODEL, port: 0, webDir: null });
-  keyed = startServer({ model: engine.loaded, scheduler: sink, modelId: MODEL, port: 0, webDir: null, apiKey: "sk-ant-test" });
+  fx = startScriptedServer("mlxb-anthropic-", MODEL);
+  ({ engine, scheduler, sink, srv } = fx);
+  keyed = fx.also({ apiKey: "sk-ant-test" });
   client = new Anthropic({ baseURL: srv.url, apiKey: "not-needed", maxRetries: 0 });
 });
 
-afterAll(async () => {
-  await srv?.stop();
-  await keyed?.stop();
-  await scheduler?.close();
-  engine?.dispose();
-  tmp?.cleanup();
-});
+afterAll(() => fx?.stop());
 
 const Q = '<|"|>';
 const CALL = `<|tool_call>call:get_weather{city:${Q}Paris${Q},days:3}<tool_call|>`;

@@ -2,39 +2,27 @@
 // input, instructions, streaming (the SDK's ResponseStream checks the event sequence), reasoning
 // items, function tools and function_call_output, previous_response_id and store, retrieval,
 // max_output_tokens, and errors. The tiny random model is made to write fixed outputs.
-import { join } from "node:path";
-import { Engine, Scheduler } from "@mlx-bun/runtime";
+import type { Engine } from "@mlx-bun/runtime";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { chatPromptIds } from "../src/prompt.ts";
-import { type RunningServer, startServer } from "../src/server/http.ts";
-import { makeTinySmall, tempDir } from "./helpers.ts";
-import { type ScriptedSink, scriptedSink } from "./scripted.ts";
+import type { RunningServer } from "../src/server/http.ts";
+import { type ScriptedServer, type ScriptedSink, startScriptedServer } from "./scripted.ts";
 
-let tmp: ReturnType<typeof tempDir>;
+let fx: ScriptedServer;
 let engine: Engine;
-let scheduler: Scheduler;
 let sink: ScriptedSink;
 let srv: RunningServer;
 let client: OpenAI;
 const MODEL = "tiny";
 
 beforeAll(() => {
-  tmp = tempDir("mlxb-responses-");
-  const dir = makeTinySmall(join(tmp.path, "tiny"));
-  engine = Engine.load(dir);
-  scheduler = new Scheduler(engine, { maxBatch: 4 });
-  sink = scriptedSink(engine, scheduler);
-  srv = startServer({ model: engine.loaded, scheduler: sink, modelId: MODEL, port: 0, webDir: null });
+  fx = startScriptedServer("mlxb-responses-", MODEL);
+  ({ engine, sink, srv } = fx);
   client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: "not-needed", maxRetries: 0 });
 });
 
-afterAll(async () => {
-  await srv?.stop();
-  await scheduler?.close();
-  engine?.dispose();
-  tmp?.cleanup();
-});
+afterAll(() => fx?.stop());
 
 const Q = '<|"|>';
 const CALL = `<|tool_call>call:get_weather{city:${Q}Paris${Q},days:3}<tool_call|>`;

@@ -2,20 +2,18 @@
 // clients. The tiny random model is made to write a fixed output (a logits processor that allows
 // one token per step, injected where requests enter the scheduler), so the server's parsing,
 // streaming deltas, finish_reason and the tool-result round trip are what is tested.
-import { join } from "node:path";
 import Anthropic from "@anthropic-ai/sdk";
 import { memory } from "@mlx-bun/mlx-ffi";
-import { Engine, type GenerateRequest, Scheduler } from "@mlx-bun/runtime";
+import type { Engine, GenerateRequest, Scheduler } from "@mlx-bun/runtime";
 import Ajv2020 from "ajv/dist/2020.js";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { runPython, runPythonAsync } from "../../../tools/oracle/oracle.ts";
 import { chatPromptIds } from "../src/prompt.ts";
-import { type RunningServer, startServer } from "../src/server/http.ts";
-import { makeTinySmall, tempDir } from "./helpers.ts";
-import { scriptedSink } from "./scripted.ts";
+import type { RunningServer } from "../src/server/http.ts";
+import { type ScriptedServer, startScriptedServer } from "./scripted.ts";
 
-let tmp: ReturnType<typeof tempDir>;
+let fx: ScriptedServer;
 let dir: string;
 let engine: Engine;
 let scheduler: Scheduler;
@@ -28,24 +26,14 @@ let seen: GenerateRequest[];
 const MODEL = "tiny";
 
 beforeAll(() => {
-  tmp = tempDir("mlxb-tools-");
-  dir = makeTinySmall(join(tmp.path, "tiny"));
-  engine = Engine.load(dir);
-  scheduler = new Scheduler(engine, { maxBatch: 4 });
-  const sink = scriptedSink(engine, scheduler);
-  scripts = sink.scripts;
-  seen = sink.seen;
-  srv = startServer({ model: engine.loaded, scheduler: sink, modelId: MODEL, port: 0 });
+  fx = startScriptedServer("mlxb-tools-", MODEL);
+  ({ dir, engine, scheduler, srv } = fx);
+  ({ scripts, seen } = fx.sink);
   client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: "not-needed", maxRetries: 0 });
   anthropic = new Anthropic({ baseURL: srv.url, apiKey: "not-needed", maxRetries: 0 });
 });
 
-afterAll(async () => {
-  await srv?.stop();
-  await scheduler?.close();
-  engine?.dispose();
-  tmp?.cleanup();
-});
+afterAll(() => fx?.stop());
 
 const Q = '<|"|>';
 const CALL = `<|tool_call>call:get_weather{city:${Q}Paris, "the" {capital}${Q},days:3,metric:true,hours:[6,12.5]}<tool_call|>`;
