@@ -3,10 +3,10 @@
 // clipped linears and causal text attention, "l" with standardize and bidirectional image
 // attention). Reference: tools/oracle/gemma4_vision_oracle.py run (processor + Model.__call__ +
 // greedy decode through the language model's cache).
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { loadSafetensors, memory } from "@mlx-bun/mlx-ffi";
+
 import * as mx from "@mlx-bun/mlx-ops";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runPython } from "../../../tools/oracle/oracle.ts";
@@ -15,10 +15,9 @@ import { multimodalInputs, expandImageTokens } from "../src/vision/embed.ts";
 import { decodeImage, loadImageProcessorConfig, preprocessImage } from "../src/vision/preprocess.ts";
 import { Gemma4Vision } from "../src/vision/tower.ts";
 import { ROOT } from "./helpers.ts";
-import { expectImageParity, writeTestPng } from "./vision-parity.ts";
+import { expectImageCase, writeTestPng } from "./vision-parity.ts";
 
 const MAKER = join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py");
-const ORACLE = join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py");
 const STEPS = 12;
 
 let dir: string;
@@ -56,37 +55,18 @@ const CASES = [
 ];
 
 describe.each(["vision-e", "vision-l"])("%s = mlx-vlm", (variant) => {
-  it.each(CASES)("$name: prompt ids, soft tokens, prefill logits and greedy tokens equal", async (c) => {
-    const ckpt = join(dir, variant);
-    const req = join(dir, `req-${variant}.json`);
-    const out = join(dir, `out-${variant}.safetensors`);
-    const paths = c.images.map((i) => images[i]!);
-    writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content: c.content }], images: paths, steps: STEPS }));
-    runPython([ORACLE, "run", ckpt, out, req]);
-    using ref = loadSafetensors(out);
-    for (const a of ref.tensors.values()) a.eval();
-
-    memory.clearCache();
-    const baseline = memory.active();
-    const handles = memory.liveHandles();
-    {
-      using lm = loadModel(ckpt);
-      using vision = Gemma4Vision.load(ckpt, lm.config)!;
-      expect(vision).not.toBeNull();
-      const cfg = loadImageProcessorConfig(ckpt);
-      const pre = await Promise.all(paths.map(async (p) => preprocessImage(await decodeImage(readFileSync(p)), cfg)));
-      // The prompt: the reference's rendered text, tokenized here, image tokens expanded here.
-      const ids = expandImageTokens(
-        lm.tokenizer.encode(ref.metadata.prompt!, { addSpecialTokens: false }),
-        pre.map((p) => p.softTokens),
-        vision.tokens,
-      );
-      expect(ids).toEqual([...(ref.tensors.get("input_ids")!.toTypedArray() as Int32Array)]);
-
-      expectImageParity(lm, vision, ids, pre, ref.tensors, STEPS);
-    }
-    memory.clearCache();
-    expect(memory.liveHandles()).toBe(handles);
-    expect(memory.active()).toBe(baseline);
-  });
+  it.each(CASES)("$name: prompt ids, soft tokens, prefill logits and greedy tokens equal", (c) =>
+    expectImageCase({
+      work: dir,
+      ckpt: join(dir, variant),
+      content: c.content,
+      images: c.images.map((i) => images[i]!),
+      steps: STEPS,
+      encoder: (lm) => {
+        const v = Gemma4Vision.load(join(dir, variant), lm.config);
+        expect(v).not.toBeNull();
+        return v!;
+      },
+    }),
+  );
 });

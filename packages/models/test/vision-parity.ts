@@ -1,14 +1,19 @@
 // The image-parity check both encoders' tests run against tools/oracle/gemma4_vision_oracle.py `run`:
 // soft tokens, prefill logits, every greedy step's logits (max |diff| = 0) and the tokens.
-import type { MlxArray } from "@mlx-bun/mlx-ffi";
-import * as mx from "@mlx-bun/mlx-ops";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { loadSafetensors, type MlxArray, memory } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
 import sharp from "sharp";
 import { expect } from "vitest";
-import type { LoadedModel } from "../src/load.ts";
-import { multimodalInputs } from "../src/vision/embed.ts";
+import { runPython } from "../../../tools/oracle/oracle.ts";
+import { type LoadedModel, loadModel } from "../src/load.ts";
+import { expandImageTokens, multimodalInputs } from "../src/vision/embed.ts";
 import type { VisionEncoder } from "../src/vision/encoder.ts";
-import type { PreprocessedImage } from "../src/vision/preprocess.ts";
+import { decodeImage, loadImageProcessorConfig, type PreprocessedImage, preprocessImage } from "../src/vision/preprocess.ts";
+import { ROOT } from "./helpers.ts";
+
+export const VISION_ORACLE = join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py");
 
 function argmax(a: MlxArray): number {
   using m = mx.argmax(a);
@@ -85,4 +90,47 @@ export async function writeTestPng(dir: string, name: string, w: number, h: numb
     .png()
     .toFile(p);
   return p;
+}
+
+/**
+ * One image case end to end against the oracle's `run` (written under `work`): the prompt ids
+ * (the reference's rendered text tokenized here, image tokens expanded here), then
+ * expectImageParity; MLX memory and live handles back to their baseline after.
+ * `encoder` loads the checkpoint's image encoder (and may check what it got).
+ */
+export async function expectImageCase(o: {
+  work: string;
+  ckpt: string;
+  content: unknown[];
+  images: string[];
+  steps: number;
+  encoder: (lm: LoadedModel) => VisionEncoder;
+  bidirectional?: boolean;
+}): Promise<void> {
+  const req = join(o.work, "req.json");
+  const out = join(o.work, "out.safetensors");
+  writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content: o.content }], images: o.images, steps: o.steps }));
+  runPython([VISION_ORACLE, "run", o.ckpt, out, req]);
+  using ref = loadSafetensors(out);
+  for (const a of ref.tensors.values()) a.eval();
+
+  memory.clearCache();
+  const baseline = memory.active();
+  const handles = memory.liveHandles();
+  {
+    using lm = loadModel(o.ckpt);
+    using vision = o.encoder(lm);
+    const cfg = loadImageProcessorConfig(o.ckpt);
+    const pre = await Promise.all(o.images.map(async (p) => preprocessImage(await decodeImage(readFileSync(p)), cfg)));
+    const ids = expandImageTokens(
+      lm.tokenizer.encode(ref.metadata.prompt!, { addSpecialTokens: false }),
+      pre.map((p) => p.softTokens),
+      vision.tokens,
+    );
+    expect(ids).toEqual([...(ref.tensors.get("input_ids")!.toTypedArray() as Int32Array)]);
+    expectImageParity(lm, vision, ids, pre, ref.tensors, o.steps, o.bidirectional);
+  }
+  memory.clearCache();
+  expect(memory.liveHandles()).toBe(handles);
+  expect(memory.active()).toBe(baseline);
 }

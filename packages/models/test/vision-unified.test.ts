@@ -7,7 +7,7 @@
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { loadSafetensors, memory } from "@mlx-bun/mlx-ffi";
+import { loadSafetensors } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runPython } from "../../../tools/oracle/oracle.ts";
@@ -16,10 +16,9 @@ import { expandImageTokens, multimodalInputs } from "../src/vision/embed.ts";
 import { decodeImage, loadImageProcessorConfig, preprocessImage } from "../src/vision/preprocess.ts";
 import { Gemma4UnifiedVision, loadVisionEncoder, modelPatches, takesImages } from "../src/vision/unified.ts";
 import { ROOT } from "./helpers.ts";
-import { expectImageParity, writeTestPng } from "./vision-parity.ts";
+import { expectImageCase, VISION_ORACLE, writeTestPng } from "./vision-parity.ts";
 
 const MAKER = join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py");
-const ORACLE = join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py");
 const STEPS = 12;
 
 let dir: string;
@@ -52,7 +51,7 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 describe("gemma4_unified images = mlx-vlm", () => {
   it("model patches and position ids equal Gemma4UnifiedImageProcessor's (padded to its budget)", async () => {
     const out = join(dir, "pixels.safetensors");
-    runPython([ORACLE, "pixels", ckpt, out, ...images]);
+    runPython([VISION_ORACLE, "pixels", ckpt, out, ...images]);
     using ref = loadSafetensors(out);
     const counts = JSON.parse(ref.metadata.soft_tokens!) as number[];
     const cfg = loadImageProcessorConfig(ckpt);
@@ -78,38 +77,24 @@ describe("gemma4_unified images = mlx-vlm", () => {
     },
   ];
 
-  it.each(CASES)("$name: prompt ids, soft tokens, prefill logits and greedy tokens equal", async (c) => {
-    const req = join(dir, "req.json");
-    const out = join(dir, "out.safetensors");
-    const paths = c.images.map((i) => images[i]!);
-    writeFileSync(req, JSON.stringify({ messages: [{ role: "user", content: c.content }], images: paths, steps: STEPS }));
-    runPython([ORACLE, "run", ckpt, out, req]);
-    using ref = loadSafetensors(out);
-    for (const a of ref.tensors.values()) a.eval();
-
-    memory.clearCache();
-    const baseline = memory.active();
-    const handles = memory.liveHandles();
-    {
-      using lm = loadModel(ckpt);
-      expect(takesImages(lm.config)).toBe(true);
-      using vision = loadVisionEncoder(ckpt, lm.config)!;
-      expect(vision).toBeInstanceOf(Gemma4UnifiedVision);
-      const cfg = loadImageProcessorConfig(ckpt);
-      const pre = await Promise.all(paths.map(async (p) => preprocessImage(await decodeImage(readFileSync(p)), cfg)));
-      const ids = expandImageTokens(
-        lm.tokenizer.encode(ref.metadata.prompt!, { addSpecialTokens: false }),
-        pre.map((p) => p.softTokens),
-        vision.tokens,
-      );
-      expect(ids).toEqual([...(ref.tensors.get("input_ids")!.toTypedArray() as Int32Array)]);
-
-      expectImageParity(lm, vision, ids, pre, ref.tensors, STEPS, true);
-    }
-    memory.clearCache();
-    expect(memory.liveHandles()).toBe(handles);
-    expect(memory.active()).toBe(baseline);
-  });
+  it.each(CASES)("$name: prompt ids, soft tokens, prefill logits and greedy tokens equal", (c) =>
+    expectImageCase({
+      work: dir,
+      ckpt,
+      content: c.content,
+      images: c.images.map((i) => images[i]!),
+      steps: STEPS,
+      encoder: (lm) => {
+        expect(takesImages(lm.config)).toBe(true);
+        const v = loadVisionEncoder(ckpt, lm.config)!;
+        expect(v).toBeInstanceOf(Gemma4UnifiedVision);
+        return v;
+      },
+      // use_bidirectional_attention "vision": the image tokens attend to each other, as in
+      // mlx_vlm.generate (the oracle's reference path for gemma4_unified).
+      bidirectional: true,
+    }),
+  );
 
   it("processor_config.json: num_soft_tokens stands for max_soft_tokens where that is absent, as Gemma4UnifiedImageProcessor takes it", () => {
     const d = join(dir, "num-soft-tokens");
