@@ -12,7 +12,7 @@
 // browser tests on purpose (reported as skipped; ignored when CI=true); MLX_BUN_CHROMIUM names another binary.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { Engine, type GenerateRequest, type GenerationStream, type LogitsProcessor, maskIds, PromptCache, Scheduler } from "@mlx-bun/runtime";
+import { Engine, type GenerateRequest, PromptCache, Scheduler } from "@mlx-bun/runtime";
 import { type Browser, type BrowserContext, chromium, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type RunningServer, startServer } from "../src/server/http.ts";
@@ -20,6 +20,7 @@ import { imageSupportFor } from "../src/server/images.ts";
 import { DEFAULT_WEB_DIR } from "../src/server/web.ts";
 import { buildWeb, listFiles } from "../web/build.ts";
 import { makeTinySmall, ROOT, tempDir } from "./helpers.ts";
+import { scriptedSink } from "./scripted.ts";
 import { runPython } from "../../../tools/oracle/oracle.ts";
 
 // page.evaluate callbacks run in the page; this tsconfig has no DOM lib, so its globals are typed loosely here.
@@ -43,26 +44,9 @@ let scheduler: Scheduler;
 let promptCache: PromptCache;
 let srv: RunningServer;
 /** What the next requests are made to write (FIFO), as text with the model's special tokens. */
-const scripts: string[] = [];
+let scripts: string[];
 /** Every request the server took, in order. */
-const seen: GenerateRequest[] = [];
-
-/** Allows only ids[k] at generated step k, then the end-of-turn id. */
-function forceTokens(ids: readonly number[], eos: number): LogitsProcessor {
-  let base = -1;
-  return {
-    process(history, logits) {
-      if (base < 0) base = history.length;
-      const k = history.length - base;
-      const want = k < ids.length ? ids[k]! : eos;
-      const V = logits.shape[logits.ndim - 1]!;
-      return maskIds(
-        logits,
-        Array.from({ length: V }, (_, i) => i).filter((i) => i !== want),
-      );
-    },
-  };
-}
+let seen: GenerateRequest[];
 
 beforeAll(async () => {
   tmp = tempDir("mlxb-web-");
@@ -71,20 +55,8 @@ beforeAll(async () => {
   engine = Engine.load(makeTinySmall(join(tmp.path, "tiny")));
   promptCache = new PromptCache({ maxEntries: 16, maxBytes: 256 * 1024 * 1024 });
   scheduler = new Scheduler(engine, { maxBatch: 4, promptCache });
-  const tok = engine.loaded.tokenizer;
-  const eos = tok.tokenToId("<turn|>")!;
-  const sink = {
-    get active() {
-      return scheduler.active;
-    },
-    submit(req: GenerateRequest): GenerationStream {
-      seen.push(req);
-      const script = scripts.shift();
-      if (script === undefined) return scheduler.submit(req);
-      const ids = tok.encode(script, { addSpecialTokens: false });
-      return scheduler.submit({ ...req, logitsProcessors: [...(req.logitsProcessors ?? []), forceTokens(ids, eos)] });
-    },
-  };
+  const sink = scriptedSink(engine, scheduler);
+  ({ scripts, seen } = sink);
   srv = startServer({ model: engine.loaded, scheduler: sink, modelId: MODEL, port: 0, webDir, kvMode: engine.kvModeName });
 });
 
