@@ -95,6 +95,14 @@ class Entry extends Row {
   }
 }
 
+/**
+ * Requests that never speculate: those whose processors do asynchronous work per token (the draft
+ * rounds are synchronous) and image prompts (prefilled with their images in one chunk).
+ */
+function decodesPlainly(req: GenerateRequest): boolean {
+  return hasImages(req) || (req.logitsProcessors?.some((p) => p.advance) ?? false);
+}
+
 export class Scheduler {
   readonly maxBatch: number;
   readonly prefillBatch: number;
@@ -180,9 +188,7 @@ export class Scheduler {
     // With an MTP drafter, speculating requests decode in the batch beside the others (docs/speculative.md).
     const k = this.#batchDraftTokens(req);
     if (k > 0) return this.#enqueue(req, this.bytesFor(req.promptIds.length, req.maxTokens + k), opts, k);
-    // Requests whose processors do asynchronous work per token decode plainly (the draft rounds are synchronous).
-    if (this.speculative && this.speculative.draftTokensFor(req) > 0 && !req.logitsProcessors?.some((p) => p.advance) && !hasImages(req))
-      return this.speculative.generate(req, opts);
+    if (this.speculative && this.speculative.draftTokensFor(req) > 0 && !decodesPlainly(req)) return this.speculative.generate(req, opts);
     const seq = new Sequence(req, this.engine.loaded.tokenizer);
     const keys = this.promptCache && hasImages(req) ? imageCacheKeys(req, this.engine) : null;
     this.#pending.push(new Entry(seq, bytes, opts.onPrefill, keys));
@@ -193,13 +199,11 @@ export class Scheduler {
   }
 
   /**
-   * Draft tokens per round of a request that speculates inside the batch (an MTP drafter), else 0:
-   * requests whose processors do asynchronous work per token, and image prompts, decode plainly.
+   * Draft tokens per round of a request that speculates inside the batch (an MTP drafter), else 0.
    */
   #batchDraftTokens(req: GenerateRequest): number {
     const sd = this.speculative;
-    if (!sd?.batches || req.logitsProcessors?.some((p) => p.advance)) return 0;
-    if (((req as { images?: readonly unknown[] }).images?.length ?? 0) > 0) return 0;
+    if (!sd?.batches || decodesPlainly(req)) return 0;
     return sd.draftTokensFor(req);
   }
 

@@ -29,8 +29,8 @@ describe.each(["vision-e", "vision-l"])("%s: image requests = mlx_vlm.generate",
     const refB = imageReference(dir, ckpt, files[1]!, N);
     expect(refA.tokens).not.toEqual(refB.tokens);
     // mlx_vlm.generate agrees with its Model.__call__ path on the causal checkpoint; on the
-    // bidirectional one (vision-l) it does not (docs/images.md: not resolved), so there the
-    // reference is the __call__ path.
+    // bidirectional one (vision-l) it does not, because it tokenizes the prompt with a second <bos>
+    // (docs/images.md §4; images-unified.test.ts checks that case), so the reference is __call__.
     if (variant === "vision-e") {
       expect(refA.generated).toEqual(refA.tokens);
       expect(refB.generated).toEqual(refB.tokens);
