@@ -2,14 +2,15 @@
 // token over a context of 1k / 8k / 32k tokens), each as a ratio to bf16. Modes are
 // interleaved within every repetition so machine drift hits all alike. Quantized modes take the
 // fused decode kernels where a GPU backend is live (column "attention"); --unfused adds each
-// quantized mode again on the unfused path (MLX_BUN_KERNELS=reference for that call), to compare.
+// quantized mode again on the unfused path (MLX_BUN_KERNELS=reference for that call), to compare;
+// where the kernels run, "bf16 kernel" is the bf16 cache on the split-K kernel (setDenseDecode).
 //
-//   .native/bin/bun tools/bench/kv-cache.ts [--reps 7] [--contexts 1024,8192,32768] [--unfused] [--json out.json]
+//   .native/bin/bun tools/bench/kv-cache.ts [--reps 7] [--contexts 1024,8192,32768] [--heads 8,2] [--dim 256] [--unfused] [--json out.json]
 import { renameSync, writeFileSync } from "node:fs";
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { defaultDevice, memory } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { type Cache, KVCache, affineCodec, turboQuantCodec, type KvCodec, plainCodec } from "@mlx-bun/kv-cache";
+import { type Cache, KVCache, affineCodec, turboQuantCodec, type KvCodec, plainCodec, setDenseDecode } from "@mlx-bun/kv-cache";
 import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-decode.ts";
 
 const argv = process.argv;
@@ -23,10 +24,9 @@ const JSON_OUT = opt("json", "");
 const UNFUSED = argv.includes("--unfused");
 const backend = mx.kernels.gpu_backend();
 const fusedLive = affineDecodeKernel.path() !== "reference";
-// A Gemma-4-like attention layer: 8 query heads over 2 KV heads of dim 256.
-const HQ = 8;
-const HKV = 2;
-const D = 256;
+// A Gemma-4-like attention layer: by default 8 query heads over 2 KV heads of dim 256.
+const [HQ, HKV] = opt("heads", "8,2").split(",").map(Number) as [number, number];
+const D = Number(opt("dim", "256"));
 
 const QUANT_MODES: [string, () => KvCodec][] = [
   ["q8", () => affineCodec(8, 64)],
@@ -37,11 +37,19 @@ const QUANT_MODES: [string, () => KvCodec][] = [
 ];
 const MODES: [string, () => KvCodec][] = [
   ["bf16", () => plainCodec],
+  ...(fusedLive ? [["bf16 kernel", () => plainCodec] as [string, () => KvCodec]] : []),
   ...QUANT_MODES,
   ...(UNFUSED && fusedLive ? QUANT_MODES.map(([n, f]): [string, () => KvCodec] => [`${n} unfused`, f]) : []),
 ];
 /** Which attention path a mode's decode step takes here. */
-const pathOf = (mode: string): string => (mode === "bf16" ? "fast SDPA" : fusedLive && !mode.endsWith("unfused") ? `fused kernels (${backend})` : "unfused");
+const pathOf = (mode: string): string =>
+  mode === "bf16"
+    ? "fast SDPA"
+    : mode === "bf16 kernel"
+      ? `split-K kernel (${backend})`
+      : fusedLive && !mode.endsWith("unfused")
+        ? `fused kernels (${backend})`
+        : "unfused";
 
 function rand(shape: number[], seed: number): MlxArray {
   using key = mx.random.key(seed);
@@ -88,6 +96,7 @@ for (const ctx of CONTEXTS) {
       for (const p of view.planes) p.eval();
       const unfused = name.endsWith("unfused");
       if (unfused) process.env.MLX_BUN_KERNELS = "reference";
+      if (name === "bf16 kernel") setDenseDecode("kernel");
       const r = byMode.get(name)!;
       try {
         if (!r.error) {
@@ -101,6 +110,7 @@ for (const ctx of CONTEXTS) {
         r.error = (e as Error).message.split("\n")[0]!.slice(0, 200);
       } finally {
         if (unfused) delete process.env.MLX_BUN_KERNELS;
+        setDenseDecode(undefined);
       }
       c.trim(1);
       done++;

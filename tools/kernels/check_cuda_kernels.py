@@ -1,6 +1,6 @@
 """Try the CUDA sources exported by tools/kernels/export-sources.ts on a CUDA machine.
 
-Usage: python check_cuda_kernels.py kernel-sources.json [--only NAME] [--match TEXT] [--emulate]
+Usage: python check_cuda_kernels.py kernel-sources.json [--only NAME[,NAME...]] [--match TEXT] [--emulate]
   (needs mlx + mlx-cuda-13; with --emulate: mlx (CPU) + g++ ≥ 12, no GPU)
 
 Each kernel's CUDA body runs through mx.fast.cuda_kernel on the cases below and is compared with
@@ -85,7 +85,7 @@ def turbo_values_cases():
 
 # ----------------------------------------------------------------------------- decode attention
 # Mirrors packages/kv-cache/src/kernels/decode-plan.ts (decodePlan, partialsLaunch).
-WARPS, MAX_WARPS, LANE_FLOATS = 4, 1024, 32
+WARPS, MAX_WARPS, LANE_FLOATS = 4, 4096, 32
 
 
 def plan(b, hq, hkv, dk, dv, t):
@@ -93,20 +93,23 @@ def plan(b, hq, hkv, dk, dv, t):
     per = max(dk, dv) // 32
     reps = next(r for r in range(n_rep, 0, -1) if n_rep % r == 0 and r * per <= LANE_FLOATS)
     rows = b * hkv * (n_rep // reps)
-    tpw = 32
-    while rows * math.ceil(t / tpw) > MAX_WARPS and tpw < t:
-        tpw *= 2
-    return dict(b=b, hq=hq, hkv=hkv, n_rep=n_rep, dk=dk, dv=dv, t=t, reps=reps, tpw=tpw, parts=math.ceil(t / (tpw * WARPS)))
+    run = 32
+    while rows * math.ceil(t / run) > MAX_WARPS and run < t:
+        run *= 2
+    parts = math.ceil(t / (run * WARPS))
+    nt = max(1, min(8, 64 // (dk // 32 + dv // 32)))
+    tpw = math.ceil(math.ceil(t / (parts * WARPS)) / nt) * nt  # decodeRunLength
+    return dict(b=b, hq=hq, hkv=hkv, n_rep=n_rep, dk=dk, dv=dv, t=t, reps=reps, nt=nt, tpw=tpw, parts=parts)
 
 
 def partials_launch(p, mask, extra, dt):
     rows = p["b"] * p["hq"]
     return dict(
-        grid=(p["parts"] * WARPS * 32, p["b"] * p["hkv"], p["n_rep"] // p["reps"]), threadgroup=(WARPS * 32, 1, 1),
+        grid=(p["parts"] * (p["n_rep"] // p["reps"]) * WARPS * 32, p["b"] * p["hkv"], 1), threadgroup=(WARPS * 32, 1, 1),
         output_shapes=[(rows, p["parts"], p["dv"]), (rows, p["parts"]), (rows, p["parts"])],
         output_dtypes=[mx.float32] * 3,
         template=[("T", dt), ("DK", p["dk"]), ("DV", p["dv"]), ("NREP", p["n_rep"]), ("REPS", p["reps"]),
-                  ("TPW", p["tpw"]), ("MASK_MODE", 1 if mask.dtype == mx.bool_ else 2), *extra])
+                  ("NT", p["nt"]), ("MASK_MODE", 1 if mask.dtype == mx.bool_ else 2), *extra])
 
 
 def ref_partials(p, qs, keys, values, mask):
@@ -219,6 +222,20 @@ def turbo_cases():
                                  launch, p, qs, keys, values, mask, dt)
 
 
+def dense_cases():
+    for dt in (mx.bfloat16, mx.float16, mx.float32):
+        for i, shape in enumerate(DECODE_SHAPES + [(1, 8, 1, 512, 300, "bool"), (1, 16, 8, 512, 2100, "none"), BIG]):
+            if dt == mx.float32 and i % 2:
+                continue
+            b, hq, hkv, d, t, kind = shape
+            k, v, qs, mask = decode_inputs(shape, dt, 200 + i)
+            p = plan(b, hq, hkv, d, d, t)
+            inputs = [qs, Sliced(k, t), Sliced(v, t), mask]
+            launch = dict(inputs=inputs, **partials_launch(p, mask, [], dt))
+            keys, values = (a[:, :, :t].astype(mx.float32) for a in (k, v))
+            yield DecodeCase(f"{dt} B{b} Hq{hq}/Hkv{hkv} D{d} T{t} mask {kind} (tpw {p['tpw']})", launch, p, qs, keys, values, mask, dt)
+
+
 class DecodeCase:
     def __init__(self, label, launch, p, qs, keys, values, mask, dt):
         self.label, self.launch, self.p, self.qs, self.keys, self.values, self.mask, self.dt = label, launch, p, qs, keys, values, mask, dt
@@ -286,7 +303,7 @@ def qmv_cases():
 
 
 CASES = {"mlxb_geglu": geglu_cases, "mlxb_turbo_values": turbo_values_cases, "mlxb_qmv": qmv_cases}
-DECODE = {"mlxb_affine_decode_partials": affine_cases, "mlxb_turbo_decode_partials": turbo_cases}
+DECODE = {"mlxb_affine_decode_partials": affine_cases, "mlxb_turbo_decode_partials": turbo_cases, "mlxb_dense_decode_partials": dense_cases}
 
 
 # ----------------------------------------------------------------------------- running a body
@@ -446,7 +463,7 @@ COMPARED = 0
 def main() -> None:
     args = sys.argv[1:]
     emulate = "--emulate" in args
-    only = args[args.index("--only") + 1] if "--only" in args else None
+    only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else None
     match = args[args.index("--match") + 1] if "--match" in args else ""
     specs = {s["name"]: s for s in json.load(open(args[0]))}
     if emulate:
@@ -456,7 +473,7 @@ def main() -> None:
         mx.set_default_device(mx.gpu)
     ok = True
     for name, spec in specs.items():
-        if not spec["cuda"] or name not in CASES or (only and only != name):
+        if not spec["cuda"] or name not in CASES or (only and name not in only):
             continue
         k = compiled(spec, emulate)
         for label, launch, refs, tols in CASES[name]():
@@ -465,7 +482,7 @@ def main() -> None:
                 ok = compare(f"{name} {label}" + (f" out{i}" if len(refs) > 1 else ""), o, r, atol, rtol) and ok
     combine = compiled(specs["mlxb_decode_combine"], emulate) if "mlxb_decode_combine" in specs else None
     for name, cases in DECODE.items():
-        if name not in specs or (only and only not in (name, "mlxb_decode_combine")):
+        if name not in specs or (only and name not in only and "mlxb_decode_combine" not in only):
             continue
         k = compiled(specs[name], emulate)
         for c in cases():

@@ -7,9 +7,10 @@ import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-d
 import { decodeCombineKernel } from "../../packages/kv-cache/src/kernels/decode-combine.ts";
 import { turboDecodeKernel } from "../../packages/kv-cache/src/kernels/turbo-decode.ts";
 import { turboValuesKernel } from "../../packages/kv-cache/src/kernels/turbo-values.ts";
+import { denseDecodeKernel } from "../../packages/kv-cache/src/kernels/dense-decode.ts";
 
 const out = process.argv[2] ?? "kernel-sources.json";
-const kernels = [geglu_kernel, qmv_kernel, turboValuesKernel, affineDecodeKernel, turboDecodeKernel, decodeCombineKernel].map(({ spec }) => ({
+const kernels = [geglu_kernel, qmv_kernel, turboValuesKernel, affineDecodeKernel, turboDecodeKernel, denseDecodeKernel, decodeCombineKernel].map(({ spec }) => ({
   name: spec.name,
   input_names: spec.input_names,
   output_names: spec.output_names,

@@ -9,7 +9,8 @@
 #   check  every CUDA body through mx.fast.cuda_kernel against its reference (check_cuda_kernels.py)
 #   tests  the kv-cache kernel tests, whose GPU cases run only where a backend is live (needs vitest
 #          in the carried node_modules; skipped with a note otherwise)
-#   bench  tools/bench/kv-cache.ts --unfused: fused vs unfused vs bf16 at 1k / 8k / 32k tokens
+#   bench  tools/bench/kv-cache.ts: fused kernels vs bf16 (fast SDPA and the split-K kernel) at 1k / 8k /
+#          32k / 128k tokens (CONTEXTS; UNFUSED=1 adds the unfused path), then at 16 / 8 heads of 512
 # Everything goes to $OUT.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,7 +24,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 if has check; then
   log "export sources, check_cuda_kernels.py"
   .native/bin/bun tools/kernels/export-sources.ts "$OUT/kernel-sources.json" || exit 1
-  timeout "${CHECK_S:-420}" "$PY" tools/kernels/check_cuda_kernels.py "$OUT/kernel-sources.json" >"$OUT/check-cuda.log" 2>&1
+  timeout "${CHECK_S:-420}" "$PY" tools/kernels/check_cuda_kernels.py "$OUT/kernel-sources.json" ${CHECK_ARGS:-} >"$OUT/check-cuda.log" 2>&1
   echo "check_cuda_kernels.py exit $?"
   grep -v "outside tolerance 0$" "$OUT/check-cuda.log" | tail -20
 fi
@@ -38,8 +39,12 @@ if has tests; then
   fi
 fi
 if has bench; then
-  log "kv-cache bench"
-  timeout "${BENCH_S:-420}" .native/bin/bun tools/bench/kv-cache.ts --reps "${REPS:-7}" --unfused --json "$OUT/kv-cache-h200.json" 2>/dev/null |
-    tee "$OUT/kv-cache-h200.md"
+  log "kv-cache bench: 8 query / 2 KV heads of 256"
+  timeout "${BENCH_S:-420}" .native/bin/bun tools/bench/kv-cache.ts --reps "${REPS:-7}" ${UNFUSED:+--unfused} \
+    --contexts "${CONTEXTS:-1024,8192,32768,131072}" --json "$OUT/kv-cache-h200.json" 2>/dev/null | tee "$OUT/kv-cache-h200.md"
+  # The 12B-shaped model's full-attention layers: 16 query / 8 KV heads of 512.
+  log "kv-cache bench: 16 query / 8 KV heads of 512"
+  timeout "${BENCH_S:-420}" .native/bin/bun tools/bench/kv-cache.ts --reps "${REPS:-7}" --heads 16,8 --dim 512 \
+    --contexts "${CONTEXTS512:-32768,131072}" --json "$OUT/kv-cache-h200-d512.json" 2>/dev/null | tee "$OUT/kv-cache-h200-d512.md"
 fi
 log "done"

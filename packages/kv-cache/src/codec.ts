@@ -1,6 +1,7 @@
 // The codec interface (how K/V become stored planes and how attention reads them) and the plain codec.
 import { type Dtype, itemSize, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
+import { denseDecodeAttention } from "./kernels/dense-decode.ts";
 import { disposeAll } from "./planes.ts";
 import { type KvView, type Mask, fail } from "./types.ts";
 
@@ -66,15 +67,19 @@ export function checkKv(op: string, k: MlxArray, v: MlxArray): void {
   }
 }
 
-/** Stores K/V as they come (bf16/fp16/fp32); attention is fast SDPA. */
+/** Stores K/V as they come (bf16/fp16/fp32); attention is fast SDPA (or, opted in, the split-K decode kernel). */
 export const plainCodec: KvCodec = {
   name: "kv:plain",
   kPlanes: 1,
   vPlanes: 1,
   encode: (k, v) => [k.retain(), v.retain()],
   view: (planes, length) =>
-    new PlanesView(planes, length, ([k, v], q, scale, mask, sinks) =>
-      mx.fast.scaled_dot_product_attention(q, k!, v!, { scale, mask, ...(sinks ? { sinks } : {}) }),
+    new PlanesView(
+      planes,
+      length,
+      ([k, v], q, scale, mask, sinks) =>
+        (sinks ? null : denseDecodeAttention(q, k!, v!, scale, mask)) ??
+        mx.fast.scaled_dot_product_attention(q, k!, v!, { scale, mask, ...(sinks ? { sinks } : {}) }),
     ),
   bytesPerToken: (s) => s.batch * s.kvHeads * (s.kHeadDim + s.vHeadDim) * itemSize(s.dtype),
   check: (k, v) => checkKv("KVCache.updateAndFetch", k, v),

@@ -8,7 +8,8 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { KVCache, affineCodec, quantizedAttention, quantizedKeyAttention, turboQuantCodec, type Mask } from "../src/index.ts";
 import { affineDecodeAttention, affineDecodeKernel } from "../src/kernels/affine-decode.ts";
 import { decodeCombineKernel } from "../src/kernels/decode-combine.ts";
-import { DECODE_WARPS, decodeMask, decodePlan } from "../src/kernels/decode-plan.ts";
+import { denseDecode, denseDecodeAttention, denseDecodeKernel, setDenseDecode } from "../src/kernels/dense-decode.ts";
+import { DECODE_WARPS, decodeMask, decodePlan, decodeRunLength } from "../src/kernels/decode-plan.ts";
 import { turboDecodeKernel } from "../src/kernels/turbo-decode.ts";
 import { turboValues } from "../src/kernels/turbo-values.ts";
 import { closeDiff, relativeError as relErr } from "../../../tools/oracle/compare.ts";
@@ -205,6 +206,80 @@ describe("fused decode attention: the two-pass reference against the unfused pat
   }
 });
 
+describe("split-K decode attention over a plain cache (opt-in)", () => {
+  const SCALE = 0.125;
+  for (const dtype of ["float32", "bfloat16"] as const) {
+    for (const c of CASES) {
+      test(`${dtype}, B${c.b} Hq${c.hq}/Hkv${c.hkv} D${c.d} T${c.t}, mask ${c.mask}: the two-pass reference against fast SDPA`, () => {
+        using k = rand([c.b, c.hkv, c.t, c.d], 11, dtype);
+        using v = rand([c.b, c.hkv, c.t, c.d], 12, dtype);
+        using q = rand([c.b, c.hq, 1, c.d], 13, dtype);
+        using cache = new KVCache();
+        using view = cache.updateAndFetch(k, v); // slices of the cache's buffers
+        const [kp, vp] = view.planes as MlxArray[];
+        withMask(c, dtype, (mask, kmask) => {
+          using sdpa = mx.fast.scaled_dot_product_attention(q, kp!, vp!, { scale: SCALE, mask });
+          setDenseDecode("kernel");
+          try {
+            using viewOut = view.attend(q, SCALE, mask);
+            using qs = mx.multiply(q, SCALE);
+            using ref = twoPassReference(denseDecodeKernel, [qs, kp!, vp!, kmask]);
+            expect(ref.shape).toEqual(sdpa.shape);
+            expect(ref.dtype).toBe(dtype);
+            // On a CPU the kernel declines and the view is fast SDPA, bit for bit.
+            if (gpu_backend() === null) expect(closeDiff(viewOut, sdpa, { atol: 0, rtol: 0 })).toBeNull();
+            else expect(closeDiff(viewOut, ref, dtype === "float32" ? { atol: 1e-5, rtol: 1e-4 } : { atol: 1e-5, rtol: 2 ** -7 })).toBeNull();
+            using k32 = mx.astype(kp!, "float32");
+            using v32 = mx.astype(vp!, "float32");
+            using exact = truth(qs, k32, v32, mask);
+            if (dtype === "float32") expect(closeDiff(ref, sdpa, { atol: 2e-6, rtol: 1e-5 })).toBeNull();
+            else {
+              using typed = mx.astype(exact, dtype);
+              expect(closeDiff(ref, typed, { atol: 1e-6, rtol: 2 ** -7 })).toBeNull();
+            }
+          } finally {
+            setDenseDecode(undefined);
+          }
+        });
+      });
+    }
+  }
+
+  test("the setting: sdpa by default, MLX_BUN_DENSE_DECODE and setDenseDecode choose, bad values named", () => {
+    expect(denseDecode()).toBe("sdpa");
+    process.env.MLX_BUN_DENSE_DECODE = "kernel";
+    try {
+      expect(denseDecode()).toBe("kernel");
+      setDenseDecode("sdpa");
+      expect(denseDecode()).toBe("sdpa");
+      setDenseDecode(undefined);
+      process.env.MLX_BUN_DENSE_DECODE = "fast";
+      expect(() => denseDecode()).toThrow(/MLX_BUN_DENSE_DECODE=fast: expected sdpa or kernel/);
+    } finally {
+      delete process.env.MLX_BUN_DENSE_DECODE;
+      setDenseDecode(undefined);
+    }
+    expect(() => setDenseDecode("fast" as "sdpa")).toThrow(/setDenseDecode: expected "sdpa" or "kernel"/);
+  });
+
+  test("declines where it does not apply: the setting off, a CPU, several query tokens", () => {
+    using k = rand([1, 2, 40, 64], 1, "bfloat16");
+    using q = rand([1, 4, 1, 64], 2, "bfloat16");
+    expect(denseDecodeAttention(q, k, k, 0.125, null)).toBeNull();
+    setDenseDecode("kernel");
+    try {
+      using q2 = rand([1, 4, 2, 64], 3, "bfloat16");
+      expect(denseDecodeAttention(q2, k, k, 0.125, "causal")).toBeNull();
+      if (gpu_backend() === null) expect(denseDecodeAttention(q, k, k, 0.125, null)).toBeNull();
+    } finally {
+      setDenseDecode(undefined);
+    }
+    using m = decodeMask(null, 1, 40)!;
+    using kf = mx.astype(k, "float32");
+    expect(() => denseDecodeKernel.run([q, kf, k, m], { path: "reference" })).toThrow(/mlxb_dense_decode_partials.*keys float32 \/ values bfloat16 differ/);
+  });
+});
+
 describe("what the sources assume", () => {
   test("affine packing: element e is bits (e·b mod 32) of word e·b/32, code·scale + bias of group e/g (2/4/8 bits)", () => {
     for (const [bits, group] of [
@@ -238,10 +313,12 @@ describe("what the sources assume", () => {
     }
   });
 
-  test("the plan: power-of-two runs covering every token, query-head groups within the register budget", () => {
+  test("the plan: runs of whole tiles covering every token, split as the kernels derive it from their grid", () => {
     for (const [b, hq, hkv, d, t] of [
       [1, 8, 2, 256, 1024],
       [1, 8, 2, 256, 32768],
+      [1, 8, 2, 256, 131072],
+      [1, 16, 8, 512, 131072],
       [8, 8, 1, 512, 8000],
       [1, 4, 4, 64, 1],
       [4, 8, 8, 64, 1100],
@@ -251,10 +328,15 @@ describe("what the sources assume", () => {
       if (typeof p === "string") throw new Error(p);
       expect(p.parts * p.tpw * DECODE_WARPS).toBeGreaterThanOrEqual(t);
       expect((p.parts - 1) * p.tpw * DECODE_WARPS).toBeLessThan(t);
-      expect(Math.log2(p.tpw) % 1).toBe(0);
+      expect(p.tpw % p.nt).toBe(0);
+      expect(p.tpw).toBe(decodeRunLength(t, p.parts, p.nt));
       expect(p.nRep % p.reps).toBe(0);
       expect((p.reps * d) / 32).toBeLessThanOrEqual(32);
-      expect(p.tpw === 32 || b * hkv * (p.nRep / p.reps) * Math.ceil(t / (p.tpw / 2)) > 1024).toBe(true);
+      expect(p.nt * ((2 * d) / 32)).toBeLessThanOrEqual(64);
+      // Enough warps to fill a large GPU, at most 4096 (runs of 32 tokens where that is plenty).
+      const warps = b * hkv * (p.nRep / p.reps) * p.parts * DECODE_WARPS;
+      expect(warps <= 4096 + b * hkv * (p.nRep / p.reps) * DECODE_WARPS).toBe(true);
+      expect(p.tpw <= 32 || warps * 2 > 4096).toBe(true);
     }
     using q2 = MlxArray.fromNumbers(new Array(4 * 96).fill(0), [1, 2, 2, 96], "float32");
     expect(decodePlan(q2, 1, 96, 96, 10)).toMatch(/one query token/);

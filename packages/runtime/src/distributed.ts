@@ -30,7 +30,7 @@ function decodeMode(k: number, p: number, q: number): KvMode {
 
 /** What the Engine needs of a model: Gemma4Model, or a LeaderModel that drives followers. */
 export interface StepModel {
-  makeCaches(mode?: KvMode, opts?: { maxKvSize?: number }): Cache[];
+  makeCaches(mode?: KvMode, opts?: { maxKvSize?: number; slidingMode?: KvMode }): Cache[];
   forward(ids: MlxArray, caches: Cache[] | null): MlxArray;
 }
 

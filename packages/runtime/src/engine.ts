@@ -24,6 +24,11 @@ import type { GenerateRequest, GenerationStream } from "./types.ts";
 export interface EngineOptions {
   /** KV cache mode: bf16 | q8 | q4 | turbo:<kbits>,<vbits> (default bf16). */
   kv?: string | KvMode;
+  /**
+   * KV cache mode of the sliding-window layers (default: `kv`). Their caches hold at most a window
+   * of tokens, so quantizing them saves little memory and costs an encode per layer per step.
+   */
+  kvSliding?: string | KvMode;
   /** Bound the full-attention caches to a rotating window of this many tokens. */
   maxKvSize?: number;
   /** Prompt tokens per prefill step (mlx-lm's prefill_step_size, default 2048). */
@@ -47,6 +52,8 @@ export interface EngineOptions {
 
 export class Engine implements GenerationEngine, Disposable {
   readonly kvMode: KvMode;
+  /** The sliding-window layers' KV mode when it differs from kvMode. */
+  readonly kvSlidingMode: KvMode | undefined;
   readonly prefillStep: number;
   readonly maxKvSize: number | undefined;
   readonly quantizedKv: { bits: number; groupSize: number; start: number } | undefined;
@@ -62,6 +69,8 @@ export class Engine implements GenerationEngine, Disposable {
     opts: EngineOptions = {},
   ) {
     this.kvMode = typeof opts.kv === "string" ? parseKvMode(opts.kv) : (opts.kv ?? { kind: "bf16" });
+    this.kvSlidingMode = typeof opts.kvSliding === "string" ? parseKvMode(opts.kvSliding) : opts.kvSliding;
+    if (this.kvSlidingMode && opts.stepModel) throw new MlxError("kvSliding: a separate sliding-layer KV mode is not supported across tensor-parallel ranks");
     this.prefillStep = opts.prefillStep ?? 2048;
     if (!Number.isInteger(this.prefillStep) || this.prefillStep < 1) throw new MlxError(`prefillStep must be a positive integer, got ${this.prefillStep}`);
     this.maxKvSize = opts.maxKvSize;
@@ -70,6 +79,8 @@ export class Engine implements GenerationEngine, Disposable {
     if (this.quantizedKv) new QuantizeAfterKVCache(this.quantizedKv.start, this.quantizedKv.bits, this.quantizedKv.groupSize).dispose(); // checks the settings now
     // A KV mode the model's head dims cannot take fails here, at start-up, not on every request.
     checkKvMode(this.kvMode, loaded.config);
+    if (this.kvSlidingMode)
+      checkKvMode(this.kvSlidingMode, loaded.config, { layers: "sliding_attention", what: `kvSliding ${kvModeName(this.kvSlidingMode)}` });
     if (this.quantizedKv) {
       const q = this.quantizedKv;
       checkKvMode({ kind: "affine", bits: q.bits, groupSize: q.groupSize }, loaded.config, {
@@ -90,7 +101,7 @@ export class Engine implements GenerationEngine, Disposable {
   }
 
   get kvModeName(): string {
-    return kvModeName(this.kvMode);
+    return kvModeName(this.kvMode) + (this.kvSlidingMode ? ` (sliding layers ${kvModeName(this.kvSlidingMode)})` : "");
   }
 
   /** Context length the model was trained for. */
@@ -99,7 +110,10 @@ export class Engine implements GenerationEngine, Disposable {
   }
 
   makeCaches(): Cache[] {
-    const caches = this.#model.makeCaches(this.kvMode, this.maxKvSize ? { maxKvSize: this.maxKvSize } : {});
+    const caches = this.#model.makeCaches(this.kvMode, {
+      ...(this.maxKvSize ? { maxKvSize: this.maxKvSize } : {}),
+      ...(this.kvSlidingMode ? { slidingMode: this.kvSlidingMode } : {}),
+    });
     const q = this.quantizedKv;
     if (!q) return caches;
     return caches.map((c) => {

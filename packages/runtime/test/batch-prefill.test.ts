@@ -56,10 +56,25 @@ describe("batched prefill", () => {
     { model: "dense", kv: "bf16", exact: true },
     { model: "moe", kv: "bf16", exact: false },
     { model: "small64", kv: "turbo:4,3", exact: true },
+    // TurboQuant on the full-attention layers only; the sliding layers keep bf16.
+    { model: "small64", kv: "turbo:4,3", kvSliding: "bf16", exact: true },
   ] as const;
   for (const c of cases) {
-    test(`${c.model} ${c.kv}: requests of different lengths arriving together are prefilled as one batch next to running requests; each equals its solo run`, async () => {
-      using e = Engine.load(models.path(c.model), { kv: c.kv, prefillStep: 16 });
+    const sliding = "kvSliding" in c ? c.kvSliding : undefined;
+    test(`${c.model} ${c.kv}${sliding ? ` (sliding ${sliding})` : ""}: requests of different lengths arriving together are prefilled as one batch next to running requests; each equals its solo run`, async () => {
+      using e = Engine.load(models.path(c.model), { kv: c.kv, prefillStep: 16, ...(sliding ? { kvSliding: sliding } : {}) });
+      if (sliding) {
+        // Each layer type's caches carry its mode's codec.
+        const caches = e.makeCaches();
+        const types = e.loaded.config.text.layerTypes.slice(0, caches.length);
+        caches.forEach((cache, i) =>
+          expect((cache as unknown as { codec: { name: string } }).codec.name, `layer ${i}`).toBe(
+            types[i] === "full_attention" ? "kv:turboquant:4:3" : "kv:plain",
+          ),
+        );
+        for (const cache of caches) cache.dispose();
+        expect(() => Engine.load(models.path(c.model), { kv: c.kv, kvSliding: "q5" })).toThrow(/unknown KV mode "q5"/);
+      }
       const early: GenerateRequest[] = EARLY.map((n, i) => ({ promptIds: prompt(i, n), maxTokens: 20, logprobs: 0 }));
       const late: GenerateRequest[] = LATE.map((n, i) => ({ promptIds: prompt(i + 10, n), maxTokens: 6 + i, logprobs: 0 }));
       const solo = await alone(e, [...early, ...late]);

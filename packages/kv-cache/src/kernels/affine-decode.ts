@@ -14,7 +14,7 @@ import { affineDecode, type Backend, partialsSource } from "./decode-source.ts";
 export const AFFINE_DECODE_BITS: readonly number[] = [2, 4, 8];
 
 const source = (b: Backend): string =>
-  partialsSource(b, affineDecode("kw", "ks", "kb", "kf", "EK", "BK", "GK"), affineDecode("vw", "vs", "vb", "vf", "EV", "BV", "GV"));
+  partialsSource(b, affineDecode("kw", "ks", "kb", "kf[j]", "EK", "BK", "GK"), affineDecode("vw", "vs", "vb", "vf[j]", "EV", "BV", "GV"));
 
 interface Shapes {
   plan: DecodePlan;

@@ -10,8 +10,8 @@ import { WARPS } from "./decode-source.ts";
 export const DECODE_MAX_DIM = 512;
 /** Warps per threadgroup (128 threads); a threadgroup writes one partial for its WARPS runs. */
 export const DECODE_WARPS = WARPS;
-/** Split tokens until at most this many warps run: enough to fill a GPU, few partials to merge. */
-const MAX_WARPS = 1024;
+/** Split tokens until at most this many warps run: 31 per SM of a 132-SM GPU, few partials to merge. */
+const MAX_WARPS = 4096;
 /** Floats per lane for the queries (and as many for the accumulators) a warp carries. */
 const LANE_FLOATS = 32;
 
@@ -26,10 +26,21 @@ export interface DecodePlan {
   tokens: number;
   /** Query heads one warp carries (a divisor of nRep); nRep / reps warps share each token run. */
   reps: number;
-  /** Tokens per warp (a power of two ≥ 32). */
+  /** Tokens a warp loads and scores together (a tile), so their loads are in flight at once. */
+  nt: number;
+  /** Tokens per warp: decodeRunLength(tokens, parts, nt), which the kernels compute from their grid. */
   tpw: number;
-  /** Partials per query head, one per threadgroup of DECODE_WARPS runs: ceil(tokens / (tpw · DECODE_WARPS)). */
+  /** Partials per query head, one per threadgroup of DECODE_WARPS runs. */
   parts: number;
+}
+
+/**
+ * Tokens per warp for `parts` threadgroups of DECODE_WARPS warps: the even split rounded up to
+ * whole tiles. The kernels derive it from their grid, so the token count never enters a template
+ * (one compilation per shape class, not per context length); the plan and the reference use it too.
+ */
+export function decodeRunLength(tokens: number, parts: number, nt: number): number {
+  return Math.ceil(Math.ceil(tokens / (parts * DECODE_WARPS)) / nt) * nt;
 }
 
 /** The plan for q [B, Hq, 1, Dk] over `tokens` cached tokens of `kvHeads` heads, or why the kernels cannot take it. */
@@ -57,9 +68,12 @@ export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number,
     }
   }
   const rows = batch * kvHeads * (nRep / reps);
-  let tpw = 32;
-  while (rows * Math.ceil(tokens / tpw) > MAX_WARPS && tpw < tokens) tpw *= 2;
-  return { batch, qHeads, kvHeads, nRep, dk, dv, tokens, reps, tpw, parts: Math.ceil(tokens / (tpw * DECODE_WARPS)) };
+  let run = 32;
+  while (rows * Math.ceil(tokens / run) > MAX_WARPS && run < tokens) run *= 2;
+  const parts = Math.ceil(tokens / (run * DECODE_WARPS));
+  // Decoded K and V of a tile stay in registers: about 64 floats per lane.
+  const nt = Math.max(1, Math.min(8, Math.floor(64 / (dk / 32 + dv / 32))));
+  return { batch, qHeads, kvHeads, nRep, dk, dv, tokens, reps, nt, tpw: decodeRunLength(tokens, parts, nt), parts };
 }
 
 /** Grid, threadgroup and the plan's template arguments (shared by both pass-1 kernels). */
@@ -72,14 +86,15 @@ export function partialsLaunch(p: DecodePlan, mask: MlxArray) {
       [rows, p.parts],
     ],
     output_dtypes: ["float32", "float32", "float32"] as const,
-    grid: [p.parts * DECODE_WARPS * 32, p.batch * p.kvHeads, p.nRep / p.reps] as [number, number, number],
+    // x = partial · (nRep / reps) + query-head group: the groups reading the same tokens run together (L2).
+    grid: [p.parts * (p.nRep / p.reps) * DECODE_WARPS * 32, p.batch * p.kvHeads, 1] as [number, number, number],
     threadgroup: [DECODE_WARPS * 32, 1, 1] as [number, number, number],
     template: [
       ["DK", p.dk],
       ["DV", p.dv],
       ["NREP", p.nRep],
       ["REPS", p.reps],
-      ["TPW", p.tpw],
+      ["NT", p.nt],
       ["MASK_MODE", mask.dtype === "bool" ? 1 : 2],
     ] as [string, number][],
   };

@@ -17,25 +17,28 @@ interface Ops {
   exp: string;
   max: string;
   negInf: string;
-  warpSum: (x: string) => string;
+  /** Sum each `x[j][r]` (j < NT, r < REPS) across the warp; the NT·REPS butterflies interleaved. */
+  warpSums: (x: string) => string;
 }
 
 const OPS: Record<Backend, Ops> = {
-  // Grid: x = one threadgroup (WARPS warps) per partial; y = b·Hkv + h; z = the group of REPS query heads.
+  // Grid: x = partial · (NREP / REPS) + the group of REPS query heads (one threadgroup of WARPS warps each); y = b·Hkv + h.
   cuda: {
     prelude: `
   const int tid = (int)threadIdx.x;
   const int lane = tid & 31;
   const int wid = tid >> 5;
-  const int64_t tg = (int64_t)blockIdx.x;
-  const int bh = (int)blockIdx.y;
-  const int rg = (int)blockIdx.z;`,
+  const int tgx = (int)blockIdx.x;
+  const int NGX = (int)gridDim.x;
+  const int bh = (int)blockIdx.y;`,
     shared: "__shared__",
     barrier: "__syncthreads();",
     exp: "expf",
     max: "fmaxf",
     negInf: "(-cuda::std::numeric_limits<float>::infinity())",
-    warpSum: (x) => `for (int off = 16; off > 0; off >>= 1) ${x} += __shfl_xor_sync(0xffffffffu, ${x}, off);`,
+    warpSums: (x) => `for (int off = 16; off > 0; off >>= 1) {
+      for (int j = 0; j < NT; ++j) for (int r = 0; r < REPS; ++r) ${x}[j][r] += __shfl_xor_sync(0xffffffffu, ${x}[j][r], off);
+    }`,
   },
   // Metal: simdgroups are 32 lanes of consecutive thread indices of a 1-D threadgroup.
   metal: {
@@ -43,15 +46,15 @@ const OPS: Record<Backend, Ops> = {
   const int tid = (int)thread_position_in_threadgroup.x;
   const int lane = (int)thread_index_in_simdgroup;
   const int wid = tid >> 5;
-  const int64_t tg = (int64_t)threadgroup_position_in_grid.x;
-  const int bh = (int)threadgroup_position_in_grid.y;
-  const int rg = (int)threadgroup_position_in_grid.z;`,
+  const int tgx = (int)threadgroup_position_in_grid.x;
+  const int NGX = (int)threadgroups_per_grid.x;
+  const int bh = (int)threadgroup_position_in_grid.y;`,
     shared: "threadgroup",
     barrier: "metal::threadgroup_barrier(metal::mem_flags::mem_threadgroup);",
     exp: "metal::precise::exp",
     max: "metal::fmax",
     negInf: "(-metal::numeric_limits<float>::infinity())",
-    warpSum: (x) => `${x} = metal::simd_sum(${x});`,
+    warpSums: (x) => `for (int j = 0; j < NT; ++j) for (int r = 0; r < REPS; ++r) ${x}[j][r] = metal::simd_sum(${x}[j][r]);`,
   },
 };
 
@@ -94,19 +97,22 @@ export const TURBO_VALUE_DECODE = `
         uint32_t word = (uint32_t)vc[cr + (bit >> 3) * vc_strides[3]];
         if ((bit & 7) + VB > 8) word |= ((uint32_t)vc[cr + ((bit >> 3) + 1) * vc_strides[3]]) << 8;
         const int code = (int)((word >> (bit & 7)) & ((1u << VB) - 1u));
-        vf[i] = static_cast<float>(static_cast<T>(centroids[code] * rowScale));
+        vf[j][i] = static_cast<float>(static_cast<T>(centroids[code] * rowScale));
       }
     }`;
 
 /**
- * Pass 1. A threadgroup of WARPS warps takes WARPS consecutive runs of TPW tokens for one
- * (b, KV head h, group rg of REPS query heads); warp w takes run `group·WARPS + w`. Lane l
- * holds elements [l·EK, (l+1)·EK) of each query (EK = DK/32) and of each output accumulator
- * (EV = DV/32). Per token: decode the key slice, REPS dot products reduced across the warp, the
- * mask, decode the value slice, one online-softmax step per query head (running max m, sum l,
- * unnormalized output o, all float32). Then the warps' (m, l, o) are merged in threadgroup
- * memory and the threadgroup writes one partial; pass 2 (decode-combine.ts) merges those.
- * Templates: T, DK, DV, NREP (query heads per KV head), REPS, TPW, MASK_MODE (1 boolean,
+ * Pass 1. A threadgroup of WARPS warps takes WARPS consecutive runs of tokens for one
+ * (b, KV head h, group rg of REPS query heads); warp w takes run `group·WARPS + w`. The run
+ * length is the even split over the grid rounded up to whole tiles (decodeRunLength in
+ * decode-plan.ts), so the context length is never a template. Lane l holds elements
+ * [l·EK, (l+1)·EK) of each query (EK = DK/32) and of each output accumulator (EV = DV/32).
+ * Per tile of NT tokens: decode the NT key and value slices first (their loads all in flight),
+ * NT·REPS dot products reduced across the warp together, the mask, then one online-softmax
+ * update per query head over the tile (running max m, sum l, unnormalized output o, float32).
+ * Then the warps' (m, l, o) are merged in threadgroup memory and the threadgroup writes one
+ * partial; pass 2 (decode-combine.ts) merges those.
+ * Templates: T, DK, DV, NREP (query heads per KV head), REPS, NT, MASK_MODE (1 boolean,
  * 2 additive) and the decoders' own.
  */
 export function partialsSource(backend: Backend, keyDecode: string, valueDecode: string): string {
@@ -115,9 +121,13 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
   constexpr int WARPS = ${WARPS};
   constexpr int EK = DK / 32;
   constexpr int EV = DV / 32;
+  constexpr int NRG = NREP / REPS;
+  const int tg = tgx / NRG;
+  const int rg = tgx - tg * NRG;
+  const int NG = NGX / NRG;
   const int T_LEN = kw_shape[2];
   const int HKV = kw_shape[1];
-  const int NG = (T_LEN + TPW * WARPS - 1) / (TPW * WARPS);
+  const int RUN = ((T_LEN + NG * WARPS - 1) / (NG * WARPS) + NT - 1) / NT * NT;
   const int b = bh / HKV;
   const int h = bh - b * HKV;
   const int HQ = HKV * NREP;
@@ -135,31 +145,51 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
     for (int i = 0; i < EV; ++i) o[r][i] = 0.0f;
   }
   // A run past the last token is empty (every warp reaches the barrier below).
-  const int t0 = (int)((tg * WARPS + wid) * TPW);
-  const int t1 = (t0 + TPW < T_LEN) ? t0 + TPW : T_LEN;
+  const int64_t t0l = ((int64_t)tg * WARPS + wid) * RUN;
+  const int t0 = t0l < T_LEN ? (int)t0l : T_LEN;
+  const int t1 = (t0 + RUN < T_LEN) ? t0 + RUN : T_LEN;
   const int64_t mrow = (mask_shape[0] == 1 ? 0 : b) * mask_strides[0];
-  for (int t = t0; t < t1; ++t) {
-    float kf[EK];
-    ${keyDecode}
-    const float mval = static_cast<float>(mask[mrow + (mask_shape[3] == 1 ? 0 : t) * mask_strides[3]]);
-    float sc[REPS];
-    for (int r = 0; r < REPS; ++r) {
-      float acc = 0.0f;
-      for (int i = 0; i < EK; ++i) acc += qv[r][i] * kf[i];
-      ${o.warpSum("acc")}
-      if (MASK_MODE == 1) acc = (mval != 0.0f) ? acc : ${HIDDEN};
-      else acc += mval;
-      sc[r] = acc;
+  for (int tb = t0; tb < t1; tb += NT) {
+    float kf[NT][EK];
+    float vf[NT][EV];
+    float mv[NT];
+    for (int j = 0; j < NT; ++j) {
+      // A slot past the run re-reads its last token (in bounds) and is dropped below.
+      const int t = (tb + j < t1) ? tb + j : t1 - 1;
+      ${keyDecode}
+      ${valueDecode}
+      mv[j] = static_cast<float>(mask[mrow + (mask_shape[3] == 1 ? 0 : t) * mask_strides[3]]);
     }
-    float vf[EV];
-    ${valueDecode}
+    float sc[NT][REPS];
+    for (int j = 0; j < NT; ++j) {
+      for (int r = 0; r < REPS; ++r) {
+        float acc = 0.0f;
+        for (int i = 0; i < EK; ++i) acc += qv[r][i] * kf[j][i];
+        sc[j][r] = acc;
+      }
+    }
+    ${o.warpSums("sc")}
+    for (int j = 0; j < NT; ++j) {
+      for (int r = 0; r < REPS; ++r) {
+        float acc = sc[j][r];
+        if (MASK_MODE == 1) acc = (mv[j] != 0.0f) ? acc : ${HIDDEN};
+        else acc += mv[j];
+        sc[j][r] = (tb + j < t1) ? acc : ${o.negInf};
+      }
+    }
     for (int r = 0; r < REPS; ++r) {
-      const float mn = ${o.max}(m[r], sc[r]);
+      float mn = m[r];
+      for (int j = 0; j < NT; ++j) mn = ${o.max}(mn, sc[j][r]);
       // exp(-inf - -inf) would be NaN: an all -inf (additive mask) prefix contributes nothing.
+      if (mn == ${o.negInf}) continue;
       const float alpha = (m[r] == ${o.negInf}) ? 0.0f : ${o.exp}(m[r] - mn);
-      const float pr = (sc[r] == ${o.negInf}) ? 0.0f : ${o.exp}(sc[r] - mn);
-      l[r] = l[r] * alpha + pr;
-      for (int i = 0; i < EV; ++i) o[r][i] = o[r][i] * alpha + pr * vf[i];
+      l[r] *= alpha;
+      for (int i = 0; i < EV; ++i) o[r][i] *= alpha;
+      for (int j = 0; j < NT; ++j) {
+        const float pr = (sc[j][r] == ${o.negInf}) ? 0.0f : ${o.exp}(sc[j][r] - mn);
+        l[r] += pr;
+        for (int i = 0; i < EV; ++i) o[r][i] += pr * vf[j][i];
+      }
       m[r] = mn;
     }
   }

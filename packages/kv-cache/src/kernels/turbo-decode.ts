@@ -13,7 +13,7 @@ import { turboValuesKernel } from "./turbo-values.ts";
 export const TURBO_DECODE_K_BITS: readonly number[] = [2, 4, 8];
 const K_GROUP = 32;
 
-const source = (b: Backend): string => partialsSource(b, affineDecode("kw", "ks", "kb", "kf", "EK", "BK", "GK"), TURBO_VALUE_DECODE);
+const source = (b: Backend): string => partialsSource(b, affineDecode("kw", "ks", "kb", "kf[j]", "EK", "BK", "GK"), TURBO_VALUE_DECODE);
 
 interface Shapes {
   plan: DecodePlan;

@@ -1,0 +1,98 @@
+// Fused decode attention over a plain (bf16/fp16/fp32) KV cache: the split-K kernel of the
+// quantized modes (decode-source.ts) with a plain load as its "decoder". MLX's own decode SDPA
+// moved 268 GB/s at 131k tokens on the H200 (issue 24); this one is opt-in
+// (MLX_BUN_DENSE_DECODE=kernel or setDenseDecode) until measured against it on each backend.
+import { type MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+import type { Mask } from "../types.ts";
+import { combinePartials } from "./decode-combine.ts";
+import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
+import { type Backend, partialsSource } from "./decode-source.ts";
+
+/** The lane's slice of row t of a plain [B, H, T, D] plane, read through its strides. */
+const plainLoad = (a: string, out: string, n: string): string => `
+    {
+      const int64_t ar = b * ${a}_strides[0] + h * ${a}_strides[1] + t * ${a}_strides[2];
+      for (int i = 0; i < ${n}; ++i) ${out}[i] = static_cast<float>(${a}[ar + (lane * ${n} + i) * ${a}_strides[3]]);
+    }`;
+
+const source = (b: Backend): string => partialsSource(b, plainLoad("kw", "kf[j]", "EK"), plainLoad("vw", "vf[j]", "EV"));
+
+function planOf([q, kw, vw, mask]: readonly MlxArray[]): DecodePlan | string {
+  for (const a of [kw!, vw!]) if (a.ndim !== 4) return `keys and values must be [B, H, T, D], got ${a.describe()}`;
+  if (kw!.dtype !== q!.dtype || vw!.dtype !== q!.dtype) return `keys ${kw!.dtype} / values ${vw!.dtype} differ from the queries' ${q!.dtype}`;
+  const [B, H, T] = kw!.shape as [number, number, number];
+  if (vw!.shape[0] !== B || vw!.shape[1] !== H || vw!.shape[2] !== T) return `keys ${kw!.describe()} and values ${vw!.describe()} disagree in [B, H, T]`;
+  if (q!.ndim !== 4 || q!.shape[0] !== B) return `queries ${q!.describe()} must be [${B}, Hq, 1, D]`;
+  const plan = decodePlan(q!, H, kw!.shape[3]!, vw!.shape[3]!, T);
+  if (typeof plan === "string") return plan;
+  return checkMask(mask!, B, T) ?? plan;
+}
+
+export const denseDecodeKernel = mx.kernels.custom_kernel({
+  name: "mlxb_dense_decode_partials",
+  // q is pre-scaled (q · scale); kw / vw are the cache's keys and values.
+  input_names: ["q", "kw", "vw", "mask"],
+  output_names: ["po", "pm", "pl"],
+  metal: { source: source("metal") },
+  cuda: { source: source("cuda") },
+  // The keys and values are slices of the cache's buffers: read them in place through their strides.
+  ensure_row_contiguous: false,
+  validate: (inputs) => {
+    const p = planOf(inputs);
+    return typeof p === "string" ? p : null;
+  },
+  reference: (inputs, st) => {
+    const [q, kw, vw, mask] = inputs;
+    using keys = mx.astype(kw!, "float32", st);
+    using values = mx.astype(vw!, "float32", st);
+    return referencePartials(planOf(inputs) as DecodePlan, q!, keys, values, mask!, st);
+  },
+  launch: (inputs) => {
+    const l = partialsLaunch(planOf(inputs) as DecodePlan, inputs[3]!);
+    return { ...l, output_dtypes: [...l.output_dtypes], template: [["T", inputs[0]!.dtype], ...l.template] };
+  },
+});
+
+/** How a plain cache attends one decode token: MLX's fast SDPA ("sdpa", the default) or the split-K kernel ("kernel"). */
+export type DenseDecodeSetting = "sdpa" | "kernel";
+
+let setting: DenseDecodeSetting | undefined;
+
+function envSetting(): DenseDecodeSetting {
+  const v = process.env.MLX_BUN_DENSE_DECODE;
+  if (v === undefined || v === "" || v === "sdpa") return "sdpa";
+  if (v === "kernel") return "kernel";
+  throw new Error(`MLX_BUN_DENSE_DECODE=${v}: expected sdpa or kernel`);
+}
+
+/** Choose the decode attention of plain caches for this process; `undefined` goes back to MLX_BUN_DENSE_DECODE. */
+export function setDenseDecode(s: DenseDecodeSetting | undefined): void {
+  if (s !== undefined && s !== "sdpa" && s !== "kernel") throw new Error(`setDenseDecode: expected "sdpa" or "kernel", got ${String(s)}`);
+  setting = s;
+}
+
+/** The plain caches' decode attention in effect now. */
+export function denseDecode(): DenseDecodeSetting {
+  return setting ?? envSetting();
+}
+
+/**
+ * softmax(scale · q Kᵀ + mask) V for one query token per head through the split-K kernels, or
+ * null where they do not run (the setting is "sdpa", no live GPU backend, a query of several
+ * tokens, sinks, a head dim or mask form they do not take): the caller then runs fast SDPA.
+ */
+export function denseDecodeAttention(q: MlxArray, k: MlxArray, v: MlxArray, scale: number, mask: Mask, s?: Stream): MlxArray | null {
+  if (denseDecode() !== "kernel" || denseDecodeKernel.path(s) === "reference" || q.ndim !== 4 || q.shape[2] !== 1) return null;
+  using m = decodeMask(mask, q.shape[0]!, k.shape[2]!);
+  if (!m) return null;
+  using qs = mx.multiply(q, scale, s);
+  const inputs = [qs, k, v, m];
+  if (typeof planOf(inputs) === "string") return null;
+  const parts = denseDecodeKernel.run(inputs, s ? { stream: s } : {});
+  try {
+    return combinePartials(parts, qs, s);
+  } finally {
+    for (const p of parts) p.dispose();
+  }
+}
