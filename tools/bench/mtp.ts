@@ -10,7 +10,18 @@
 // make_tiny_drafter.py --echo) accepts when the target repeats.
 //
 //   .native/bin/bun tools/bench/mtp.ts [--target DIR] [--reps N] [--decode-tokens N] [--prompt-tokens N] [--k 3]
-import { existsSync } from "node:fs";
+//     [--drafters random,echo] [--drafter-hidden N] [--drafter-layers N] [--drafter-heads N]
+//     [--drafter-dtype float32|bfloat16] [--json OUT] [--label TEXT]
+//
+// Drafters are written next to the target (once; the directory name carries their shape) by
+// make_tiny_drafter.py through MLX_BUN_PYTHON (without mlx-vlm it writes the same tensors with plain
+// MLX). Their shape: for the CPU mini target (hidden ≤ 512) "random" is 4 layers of hidden 128, 4
+// heads, float32, as before. For bigger targets no published Gemma 4 assistant config is known here
+// (packages/models/test/data/gemma4-published-configs.json has the targets only), so the default is
+// small: 4 layers, hidden = the target's / 4 (a multiple of 128), heads = half the target's (a
+// multiple of its KV heads), bfloat16. "echo" is as wide as the target (it must be), same layers,
+// heads and dtype. Progress goes to stderr; the table to stdout.
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { loadAssistant } from "@mlx-bun/models";
@@ -23,23 +34,73 @@ const val = (f: string): string | undefined => {
   const i = argv.indexOf(`--${f}`);
   return i >= 0 ? argv[i + 1] : undefined;
 };
+const t0 = performance.now();
+const progress = (msg: string): void => {
+  process.stderr.write(`[mtp +${((performance.now() - t0) / 1000).toFixed(1)}s] ${msg}\n`);
+};
 const target = resolve(val("target") ?? join(ROOT, ".native", "bench-models", "gemma4-mini-4bit"));
 const reps = Number(val("reps") ?? 5);
 const decodeTokens = Number(val("decode-tokens") ?? 64);
 const promptTokens = Number(val("prompt-tokens") ?? 64);
 const k = Number(val("k") ?? 3);
-const drafters = { random: `${target}-mtp`, echo: `${target}-mtp-echo` };
-const maker = join(ROOT, "tools", "make-tiny-model", "make_tiny_drafter.py");
-if (!existsSync(drafters.random)) runPython([maker, "--target", target, "--out", drafters.random, "--hidden", "128", "--heads", "4", "--layers", "4"]);
-if (!existsSync(drafters.echo)) runPython([maker, "--target", target, "--out", drafters.echo, "--echo", "--layers", "4", "--heads", "4"]);
+const jsonOut = val("json");
+const label = val("label") ?? "";
+const which = (val("drafters") ?? "random,echo").split(",").filter(Boolean);
+for (const w of which) if (w !== "random" && w !== "echo") throw new Error(`--drafters: unknown drafter ${w} (random, echo)`);
 
+const tcfgAll = JSON.parse(readFileSync(join(target, "config.json"), "utf8"));
+const tcfg = tcfgAll.text_config ?? tcfgAll;
+const targetShape = {
+  hidden: tcfg.hidden_size as number,
+  layers: tcfg.num_hidden_layers as number,
+  heads: tcfg.num_attention_heads as number,
+  kvHeads: (tcfg.num_key_value_heads ?? 1) as number,
+  vocab: (tcfg.vocab_size ?? tcfgAll.vocab_size) as number,
+};
+const big = targetShape.hidden > 512;
+const kv = targetShape.kvHeads;
+const shape = {
+  hidden: Number(val("drafter-hidden") ?? (big ? Math.max(128, Math.round(targetShape.hidden / 4 / 128) * 128) : 128)),
+  layers: Number(val("drafter-layers") ?? 4),
+  heads: Number(val("drafter-heads") ?? (big ? Math.max(kv, Math.floor(targetShape.heads / 2 / kv) * kv) : 4 % kv ? kv : 4)),
+  dtype: val("drafter-dtype") ?? (big ? "bfloat16" : "float32"),
+};
+if (shape.heads % kv) throw new Error(`--drafter-heads ${shape.heads}: not a multiple of the target's ${kv} KV heads`);
+if (shape.dtype !== "float32" && shape.dtype !== "bfloat16") throw new Error(`--drafter-dtype ${shape.dtype}: float32 or bfloat16`);
+// The CPU table's drafters keep their old directory names; any other shape gets its own.
+const legacy = !big && shape.hidden === 128 && shape.layers === 4 && shape.heads === 4 && shape.dtype === "float32";
+const tag = `l${shape.layers}-a${shape.heads}-${shape.dtype === "bfloat16" ? "bf16" : "f32"}`;
+const drafterDirs: Record<string, string> = {
+  random: legacy ? `${target}-mtp` : `${target}-mtp-h${shape.hidden}-${tag}`,
+  echo: legacy ? `${target}-mtp-echo` : `${target}-mtp-echo-${tag}`,
+};
+const maker = join(ROOT, "tools", "make-tiny-model", "make_tiny_drafter.py");
+const common = ["--target", target, "--layers", `${shape.layers}`, "--heads", `${shape.heads}`, "--dtype", shape.dtype];
+for (const w of which) {
+  const dir = drafterDirs[w]!;
+  if (existsSync(join(dir, "config.json"))) {
+    progress(`drafter ${w}: ${dir} (exists)`);
+    continue;
+  }
+  progress(`writing the ${w} drafter: ${dir}`);
+  runPython([maker, ...common, "--out", dir, ...(w === "echo" ? ["--echo"] : ["--hidden", `${shape.hidden}`])]);
+  progress(`drafter ${w} written`);
+}
+
+progress(`loading the target ${target} (hidden ${targetShape.hidden}, ${targetShape.layers} layers)`);
 using engine = Engine.load(target);
-using aRandom = loadAssistant(drafters.random);
-using aEcho = loadAssistant(drafters.echo);
+const assistants = which.map((w) => ({ w, a: loadAssistant(drafterDirs[w]!) }));
+using _drafters = {
+  [Symbol.dispose]: () => {
+    for (const { a } of assistants) a[Symbol.dispose]();
+  },
+};
+progress(`loaded (drafters: ${which.join(", ") || "none"})`);
 const prompt = Array.from({ length: promptTokens }, (_, i) => 10 + ((i * 97) % 480));
 const req = { promptIds: prompt, maxTokens: decodeTokens };
-type Run = { name: string; go: () => Promise<{ tokens: number[]; decodeS: number; steps: number; drafted: number; accepted: number }> };
-const spec = (name: string, a: typeof aEcho): Run => {
+type Out = { tokens: number[]; decodeS: number; steps: number; drafted: number; accepted: number };
+type Run = { name: string; go: () => Promise<Out> };
+const spec = (name: string, a: (typeof assistants)[number]["a"]): Run => {
   let steps = 0;
   const sd = new SpeculativeDecoder(engine, a, { numDraftTokens: k, onRound: () => steps++ });
   return {
@@ -59,22 +120,25 @@ const runs: Run[] = [
       return { tokens: r.tokens, decodeS: r.decodeSeconds, steps: r.tokens.length, drafted: 0, accepted: 0 };
     },
   },
-  spec("mtp random", aRandom),
-  spec("mtp echo", aEcho),
+  ...assistants.map(({ w, a }) => spec(`mtp ${w}`, a)),
 ];
-for (const r of runs) await r.go(); // warm-up
-const res = new Map<string, { tps: number[]; ratio: number[]; perStep: number[]; acc: number[]; cost: number[] }>();
+const tps = (o: Out): number => (o.tokens.length - 1) / o.decodeS;
+for (const r of runs) {
+  const o = await r.go(); // warm-up
+  progress(`warm-up ${r.name}: ${o.tokens.length} tokens, ${tps(o).toFixed(1)} tok/s`);
+}
+type Stats = { tps: number[]; ratio: number[]; perStep: number[]; acc: number[]; cost: number[] };
+const res = new Map<string, Stats>();
 for (let rep = 0; rep < reps; rep++) {
   const order = runs.map((_, i) => runs[(i + rep) % runs.length]!);
-  const out = new Map<string, Awaited<ReturnType<Run["go"]>>>();
+  const out = new Map<string, Out>();
   for (const r of order) out.set(r.name, await r.go());
   const plain = out.get("plain")!;
   for (const [name, o] of out) {
     if (o.tokens.join() !== plain.tokens.join()) throw new Error(`${name}: tokens differ from plain greedy`);
     const e = res.get(name) ?? { tps: [], ratio: [], perStep: [], acc: [], cost: [] };
-    const n = o.tokens.length - 1;
-    e.tps.push(n / o.decodeS);
-    e.ratio.push(n / o.decodeS / ((plain.tokens.length - 1) / plain.decodeS));
+    e.tps.push(tps(o));
+    e.ratio.push(tps(o) / tps(plain));
     e.perStep.push(o.tokens.length / o.steps);
     if (o.drafted) {
       e.acc.push(o.accepted / o.drafted);
@@ -83,13 +147,56 @@ for (let rep = 0; rep < reps; rep++) {
     }
     res.set(name, e);
   }
+  progress(`rep ${rep + 1}/${reps}: ${[...out].map(([n, o]) => `${n} ${tps(o).toFixed(1)} tok/s, ${(o.tokens.length / o.steps).toFixed(2)}/step`).join("; ")}`);
 }
+const sorted = (a: number[]): number[] => [...a].sort((x, y) => x - y);
+const median = (a: number[]): number | null => (a.length ? sorted(a)[Math.floor(a.length / 2)]! : null);
 const mmm = (a: number[], d = 2): string => {
   if (!a.length) return "–";
-  const s = [...a].sort((x, y) => x - y);
+  const s = sorted(a);
   return `${s[0]!.toFixed(d)} / ${s[Math.floor(s.length / 2)]!.toFixed(d)} / ${s[s.length - 1]!.toFixed(d)}`;
 };
-console.log(`target ${target}, k ${k}, prompt ${promptTokens}, decode ${decodeTokens}, reps ${reps} (min / median / max)`);
+const drafterShape = (w: string) => ({
+  dir: drafterDirs[w]!,
+  hidden: w === "echo" ? targetShape.hidden : shape.hidden,
+  layers: shape.layers,
+  heads: shape.heads,
+  dtype: shape.dtype,
+});
+console.log(
+  `${label ? `${label}: ` : ""}target ${target} (hidden ${targetShape.hidden}, ${targetShape.layers} layers), k ${k}, prompt ${promptTokens}, decode ${decodeTokens}, reps ${reps} (min / median / max)`,
+);
+for (const w of which) {
+  const d = drafterShape(w);
+  console.log(`drafter ${w}: ${d.layers} layers, hidden ${d.hidden}, ${d.heads} heads, ${d.dtype}`);
+}
 console.log("| run | decode tok/s | vs plain | tokens per target step | acceptance | round cost per drafted token (ms) |");
 console.log("| --- | --- | --- | --- | --- | --- |");
 for (const [name, e] of res) console.log(`| ${name} | ${mmm(e.tps, 1)} | ${mmm(e.ratio)} | ${mmm(e.perStep)} | ${mmm(e.acc)} | ${mmm(e.cost)} |`);
+if (jsonOut) {
+  mkdirSync(dirname(resolve(jsonOut)), { recursive: true });
+  const plainTps = median(res.get("plain")?.tps ?? []);
+  const json = {
+    label,
+    date: new Date().toISOString(),
+    target,
+    targetShape,
+    k,
+    promptTokens,
+    decodeTokens,
+    reps,
+    plainMsPerToken: plainTps ? 1000 / plainTps : null,
+    drafters: Object.fromEntries(which.map((w) => [w, drafterShape(w)])),
+    runs: Object.fromEntries(
+      [...res].map(([name, e]) => [
+        name,
+        {
+          ...e,
+          median: { tps: median(e.tps), ratio: median(e.ratio), perStep: median(e.perStep), acc: median(e.acc), costMs: median(e.cost) },
+        },
+      ]),
+    ),
+  };
+  writeFileSync(jsonOut, `${JSON.stringify(json, null, 2)}\n`);
+  progress(`wrote ${jsonOut}`);
+}
