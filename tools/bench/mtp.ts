@@ -18,7 +18,7 @@
 // MLX). Their shape: for the CPU mini target (hidden ≤ 512) "random" is 4 layers of hidden 128, 4
 // heads, float32, as before. For bigger targets no published Gemma 4 assistant config is known here
 // (packages/models/test/data/gemma4-published-configs.json has the targets only), so the default is
-// small: 4 layers, hidden = the target's / 4 (a multiple of 128), heads = half the target's (a
+// small: 4 layers, hidden = the target's / 4 (a multiple of 64), heads = half the target's (a
 // multiple of its KV heads), bfloat16. "echo" is as wide as the target (it must be), same layers,
 // heads and dtype. Progress goes to stderr; the table to stdout.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
@@ -60,7 +60,7 @@ const targetShape = {
 const big = targetShape.hidden > 512;
 const kv = targetShape.kvHeads;
 const shape = {
-  hidden: Number(val("drafter-hidden") ?? (big ? Math.max(128, Math.round(targetShape.hidden / 4 / 128) * 128) : 128)),
+  hidden: Number(val("drafter-hidden") ?? (big ? Math.max(64, Math.round(targetShape.hidden / 4 / 64) * 64) : 128)),
   layers: Number(val("drafter-layers") ?? 4),
   heads: Number(val("drafter-heads") ?? (big ? Math.max(kv, Math.floor(targetShape.heads / 2 / kv) * kv) : 4 % kv ? kv : 4)),
   dtype: val("drafter-dtype") ?? (big ? "bfloat16" : "float32"),
