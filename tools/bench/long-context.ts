@@ -21,6 +21,10 @@
 //     [--modes bf16,q8,q4,turbo:4,3,turbo:8,4] [--decode-tokens 64] [--reps 1] [--step 2048]
 //     [--deadline SECONDS] [--no-mlx-lm] [--python PY] [--no-warmup] [--json FILE] [--md FILE]
 //
+// A mode may carry the sliding layers' own mode after "~" (e.g. turbo:4,3~bf16: TurboQuant on the
+// full-attention layers, bf16 on the sliding ones; EngineOptions.kvSliding) and "+kernel" for the
+// plain caches' split-K decode kernel instead of fast SDPA (setDenseDecode), e.g. bf16+kernel.
+//
 // --deadline: seconds from the start of the process; a variant that would start after it is
 // skipped (and reported as skipped). The JSON (and the markdown) is rewritten after every variant.
 // With --reps > 1 the variants of a length run in a rotating order per repetition (the figures are
@@ -28,7 +32,7 @@
 import { renameSync, writeFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { join, resolve } from "node:path";
-import { type Cache, RotatingKVCache, type CacheState } from "@mlx-bun/kv-cache";
+import { type Cache, RotatingKVCache, type CacheState, setDenseDecode } from "@mlx-bun/kv-cache";
 import { defaultDevice, evaluate, memory, MlxArray, mlxVersion } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { DecodeRunner, Engine, logSoftmax, Row, Sequence } from "@mlx-bun/runtime";
@@ -182,7 +186,11 @@ async function runVariant(
   withPass: boolean,
   n = DECODE,
 ): Promise<Measured & { ref?: Reference }> {
-  const e = new Engine(base.loaded, { kv, prefillStep: STEP });
+  const [spec, flag] = kv.split("+") as [string, string | undefined];
+  const [full, sliding] = spec.split("~") as [string, string | undefined];
+  if (flag !== undefined && flag !== "kernel") throw new Error(`--modes ${kv}: "+${flag}" is not a variant flag (+kernel)`);
+  const e = new Engine(base.loaded, { kv: full, prefillStep: STEP, ...(sliding ? { kvSliding: sliding } : {}) });
+  setDenseDecode(flag === "kernel" ? "kernel" : undefined);
   memory.clearCache();
   memory.resetPeak();
   const caches = e.makeCaches();
@@ -240,6 +248,7 @@ async function runVariant(
       ...(pass.kl ? { kl: pass.kl, agree: pass.agree } : {}),
     };
   } finally {
+    setDenseDecode(undefined);
     for (const s of snaps.values()) s[Symbol.dispose]();
     for (const c of caches) c.dispose();
     memory.clearCache();
