@@ -58,7 +58,9 @@ if [ ! -f "$c/p2/bun.xz" ]; then
 fi
 
 # 5. node_modules: the runtime dependencies only (symlinks kept), as installed now.
-python3 tools/bench/device/nm_subset.py . > "$c/stage/nm.txt"
+# Without sharp's native libvips (6 MB compressed; the device benches are text-only, and
+# models/src/vision loads sharp on first use): p2 must fit one call with the working tree.
+python3 tools/bench/device/nm_subset.py . | grep -v '^node_modules/.bun/@img+sharp-' > "$c/stage/nm.txt"
 tar -cf - -T "$c/stage/nm.txt" | xz -6 -T0 > "$c/p2/nm.tar.xz"
 
 # 6. libmlxb.so from the current native sources, against the pinned MLX headers.

@@ -6,7 +6,11 @@
 // 1/255 in float32, optional normalize, channels first.
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import sharp from "sharp";
+import type Sharp from "sharp";
+
+// Loaded on first use: a text-only process never loads libvips (and runs where it is not installed).
+let sharpLoad: Promise<typeof Sharp> | undefined;
+const loadSharp = (): Promise<typeof Sharp> => (sharpLoad ??= import("sharp").then((m) => m.default));
 
 /** Why an image was refused; `code` lets a server map it to a 400 with the reason. */
 export type ImageErrorCode = "not_an_image" | "unsupported_format" | "truncated" | "too_large" | "too_small" | "invalid";
@@ -120,7 +124,8 @@ export interface DecodeOptions {
 export async function decodeImage(bytes: Uint8Array, opts: DecodeOptions = {}): Promise<RgbImage> {
   const maxPixels = opts.maxPixels ?? DEFAULT_MAX_PIXELS;
   if (bytes.length === 0) throw new ImageError("not_an_image", "the image is empty (0 bytes)");
-  let meta: sharp.Metadata;
+  const sharp = await loadSharp();
+  let meta: Sharp.Metadata;
   try {
     meta = await sharp(bytes, { limitInputPixels: false }).metadata();
   } catch (e) {
