@@ -2,7 +2,7 @@
 // head into the normalized output, rounded once to the query dtype.
 import { type MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { combineSource } from "./decode-source.ts";
+import { COMBINE_WARPS, combineSource } from "./decode-source.ts";
 
 export const decodeCombineKernel = mx.kernels.custom_kernel({
   name: "mlxb_decode_combine",
@@ -15,6 +15,7 @@ export const decodeCombineKernel = mx.kernels.custom_kernel({
     if (po!.ndim !== 3 || pm!.ndim !== 2) return `partials must be o [R, P, Dv] and m, l [R, P], got ${po!.describe()}, ${pm!.describe()}`;
     if (pm!.shape.join() !== po!.shape.slice(0, 2).join() || pl!.shape.join() !== pm!.shape.join()) return "partials o, m, l disagree in [R, P]";
     for (const a of [po!, pm!, pl!]) if (a.dtype !== "float32") return `partials must be float32, got ${a.dtype}`;
+    if (po!.shape[2]! % 32 !== 0) return `partials' head dim ${po!.shape[2]} must be a multiple of 32`;
     if (q!.ndim !== 4 || q!.shape[0]! * q!.shape[1]! !== po!.shape[0] || q!.shape[2] !== 1)
       return `q ${q!.describe()} must be [B, Hq, 1, D] with B·Hq = ${po!.shape[0]}`;
     return null;
@@ -42,8 +43,9 @@ export const decodeCombineKernel = mx.kernels.custom_kernel({
     return {
       output_shapes: [[q!.shape[0]!, q!.shape[1]!, 1, dv]],
       output_dtypes: [q!.dtype],
-      grid: [dv, po!.shape[0]!, 1],
-      threadgroup: [Math.min(dv, 256), 1, 1],
+      // One threadgroup per (row, 32 output elements); Dv is a multiple of 32 (decodePlan).
+      grid: [(dv / 32) * COMBINE_WARPS * 32, po!.shape[0]!, 1],
+      threadgroup: [COMBINE_WARPS * 32, 1, 1],
       template: [
         ["T", q!.dtype],
         ["DV", dv],

@@ -7,6 +7,8 @@ export type Backend = "metal" | "cuda";
 
 /** Warps (simdgroups) per threadgroup of pass 1; their runs are merged before one partial is written. */
 export const WARPS = 4;
+/** Warps per threadgroup of pass 2 (each takes every COMBINE_WARPS-th partial). */
+export const COMBINE_WARPS = 8;
 
 interface Ops {
   /** Per-warp (CUDA) / per-simdgroup (Metal) index variables. */
@@ -19,6 +21,15 @@ interface Ops {
   negInf: string;
   /** Sum each `x[j][r]` (j < NT, r < REPS) across the warp; the NT·REPS butterflies interleaved. */
   warpSums: (x: string) => string;
+  /** Max / sum of one float across the warp, every lane getting the result. */
+  warpMax: (x: string) => string;
+  warpSum: (x: string) => string;
+  /**
+   * Put before loops over template constants: fully unrolled, the register arrays they index stay
+   * in registers (a loop the compiler leaves rolled indexes them in local memory). Empty on Metal,
+   * where it is not yet measured.
+   */
+  unroll: string;
 }
 
 const OPS: Record<Backend, Ops> = {
@@ -37,8 +48,14 @@ const OPS: Record<Backend, Ops> = {
     max: "fmaxf",
     negInf: "(-cuda::std::numeric_limits<float>::infinity())",
     warpSums: (x) => `for (int off = 16; off > 0; off >>= 1) {
-      for (int j = 0; j < NT; ++j) for (int r = 0; r < REPS; ++r) ${x}[j][r] += __shfl_xor_sync(0xffffffffu, ${x}[j][r], off);
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int r = 0; r < REPS; ++r) ${x}[j][r] += __shfl_xor_sync(0xffffffffu, ${x}[j][r], off);
     }`,
+    warpMax: (x) => `for (int off = 16; off > 0; off >>= 1) ${x} = fmaxf(${x}, __shfl_xor_sync(0xffffffffu, ${x}, off));`,
+    warpSum: (x) => `for (int off = 16; off > 0; off >>= 1) ${x} += __shfl_xor_sync(0xffffffffu, ${x}, off);`,
+    unroll: "#pragma unroll",
   },
   // Metal: simdgroups are 32 lanes of consecutive thread indices of a 1-D threadgroup.
   metal: {
@@ -55,8 +72,14 @@ const OPS: Record<Backend, Ops> = {
     max: "metal::fmax",
     negInf: "(-metal::numeric_limits<float>::infinity())",
     warpSums: (x) => `for (int j = 0; j < NT; ++j) for (int r = 0; r < REPS; ++r) ${x}[j][r] = metal::simd_sum(${x}[j][r]);`,
+    warpMax: (x) => `${x} = metal::simd_max(${x});`,
+    warpSum: (x) => `${x} = metal::simd_sum(${x});`,
+    unroll: "",
   },
 };
+
+/** Where a decoder's loop over a template-constant count goes; partialsSource puts the backend's unroll hint there. */
+export const UNROLL = "/*@unroll*/";
 
 /** -FLT_MAX: the score of a key a boolean mask hides (finite, so a fully hidden row is uniform, as in the reference). */
 const HIDDEN = "-3.4028234663852886e38f";
@@ -72,13 +95,20 @@ export function affineDecode(w: string, s: string, bias: string, out: string, n:
       const int64_t wr = b * ${w}_strides[0] + h * ${w}_strides[1] + t * ${w}_strides[2];
       const int64_t sr = b * ${s}_strides[0] + h * ${s}_strides[1] + t * ${s}_strides[2];
       const int64_t br = b * ${bias}_strides[0] + h * ${bias}_strides[1] + t * ${bias}_strides[2];
+      // The lane's elements share one group when their count divides the group: one scale and bias load.
+      const bool oneGroup = (${group} % ${n}) == 0;
+      const int g0 = (lane * ${n}) / ${group};
+      const float sc0 = static_cast<float>(${s}[sr + g0 * ${s}_strides[3]]);
+      const float bi0 = static_cast<float>(${bias}[br + g0 * ${bias}_strides[3]]);
+      ${UNROLL}
       for (int i = 0; i < ${n}; ++i) {
         const int e = lane * ${n} + i;
         const uint32_t word = ${w}[wr + ((e * ${bits}) >> 5) * ${w}_strides[3]];
         const uint32_t code = (word >> ((e * ${bits}) & 31)) & ((1u << ${bits}) - 1u);
         const int g = e / ${group};
-        ${out}[i] = static_cast<float>(code) * static_cast<float>(${s}[sr + g * ${s}_strides[3]]) +
-            static_cast<float>(${bias}[br + g * ${bias}_strides[3]]);
+        const float sc = oneGroup ? sc0 : static_cast<float>(${s}[sr + g * ${s}_strides[3]]);
+        const float bi = oneGroup ? bi0 : static_cast<float>(${bias}[br + g * ${bias}_strides[3]]);
+        ${out}[i] = static_cast<float>(code) * sc + bi;
       }
     }`;
 }
@@ -88,10 +118,11 @@ export function affineDecode(w: string, s: string, bias: string, out: string, n:
  * the row's little-endian byte stream (a 3-bit code may straddle two bytes); value =
  * centroid · scale rounded to T, exactly the reference's rounding.
  */
-export const TURBO_VALUE_DECODE = `
+export const TURBO_VALUE_DECODE: string = `
     {
       const int64_t cr = b * vc_strides[0] + h * vc_strides[1] + t * vc_strides[2];
       const float rowScale = static_cast<float>(vs[b * vs_strides[0] + h * vs_strides[1] + t * vs_strides[2]]);
+      ${UNROLL}
       for (int i = 0; i < EV; ++i) {
         const int bit = (lane * EV + i) * VB;
         uint32_t word = (uint32_t)vc[cr + (bit >> 3) * vc_strides[3]];
@@ -117,7 +148,7 @@ export const TURBO_VALUE_DECODE = `
  */
 export function partialsSource(backend: Backend, keyDecode: string, valueDecode: string): string {
   const o = OPS[backend];
-  return `${o.prelude}
+  const text = `${o.prelude}
   constexpr int WARPS = ${WARPS};
   constexpr int EK = DK / 32;
   constexpr int EV = DV / 32;
@@ -135,13 +166,16 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
   float m[REPS];
   float l[REPS];
   float o[REPS][EV];
+  ${o.unroll}
   for (int r = 0; r < REPS; ++r) {
     const int hq = h * NREP + rg * REPS + r;
+    ${o.unroll}
     for (int i = 0; i < EK; ++i) {
       qv[r][i] = static_cast<float>(q[b * q_strides[0] + hq * q_strides[1] + (lane * EK + i) * q_strides[3]]);
     }
     m[r] = ${o.negInf};
     l[r] = 0.0f;
+    ${o.unroll}
     for (int i = 0; i < EV; ++i) o[r][i] = 0.0f;
   }
   // A run past the last token is empty (every warp reaches the barrier below).
@@ -153,6 +187,7 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
     float kf[NT][EK];
     float vf[NT][EV];
     float mv[NT];
+    ${o.unroll}
     for (int j = 0; j < NT; ++j) {
       // A slot past the run re-reads its last token (in bounds) and is dropped below.
       const int t = (tb + j < t1) ? tb + j : t1 - 1;
@@ -161,15 +196,20 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
       mv[j] = static_cast<float>(mask[mrow + (mask_shape[3] == 1 ? 0 : t) * mask_strides[3]]);
     }
     float sc[NT][REPS];
+    ${o.unroll}
     for (int j = 0; j < NT; ++j) {
+      ${o.unroll}
       for (int r = 0; r < REPS; ++r) {
         float acc = 0.0f;
+        ${o.unroll}
         for (int i = 0; i < EK; ++i) acc += qv[r][i] * kf[j][i];
         sc[j][r] = acc;
       }
     }
     ${o.warpSums("sc")}
+    ${o.unroll}
     for (int j = 0; j < NT; ++j) {
+      ${o.unroll}
       for (int r = 0; r < REPS; ++r) {
         float acc = sc[j][r];
         if (MASK_MODE == 1) acc = (mv[j] != 0.0f) ? acc : ${HIDDEN};
@@ -177,17 +217,22 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
         sc[j][r] = (tb + j < t1) ? acc : ${o.negInf};
       }
     }
+    ${o.unroll}
     for (int r = 0; r < REPS; ++r) {
       float mn = m[r];
+      ${o.unroll}
       for (int j = 0; j < NT; ++j) mn = ${o.max}(mn, sc[j][r]);
       // exp(-inf - -inf) would be NaN: an all -inf (additive mask) prefix contributes nothing.
       if (mn == ${o.negInf}) continue;
       const float alpha = (m[r] == ${o.negInf}) ? 0.0f : ${o.exp}(m[r] - mn);
       l[r] *= alpha;
+      ${o.unroll}
       for (int i = 0; i < EV; ++i) o[r][i] *= alpha;
+      ${o.unroll}
       for (int j = 0; j < NT; ++j) {
         const float pr = (sc[j][r] == ${o.negInf}) ? 0.0f : ${o.exp}(sc[j][r] - mn);
         l[r] += pr;
+        ${o.unroll}
         for (int i = 0; i < EV; ++i) o[r][i] += pr * vf[j][i];
       }
       m[r] = mn;
@@ -196,11 +241,13 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
   ${o.shared} float sm_m[WARPS][REPS];
   ${o.shared} float sm_l[WARPS][REPS];
   ${o.shared} float sm_o[WARPS][REPS][DV];
+  ${o.unroll}
   for (int r = 0; r < REPS; ++r) {
     if (lane == 0) {
       sm_m[wid][r] = m[r];
       sm_l[wid][r] = l[r];
     }
+    ${o.unroll}
     for (int i = 0; i < EV; ++i) sm_o[wid][r][lane * EV + i] = o[r][i];
   }
   ${o.barrier}
@@ -224,32 +271,52 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
     }
   }
 `;
+  return text.replaceAll(UNROLL, o.unroll);
 }
 
 /**
- * Pass 2: thread d of row (b·Hq + hq) merges the NP runs of that row:
- * M = max m_p, w_p = exp(m_p − M), out_d = Σ w_p o_p,d / Σ w_p l_p, rounded once to T.
+ * Pass 2: one threadgroup of COMBINE_WARPS warps per (row b·Hq + hq, block of 32 output
+ * elements). Every warp finds M = max m_p and the denominator Σ w_p l_p (w_p = exp(m_p − M)),
+ * its lanes splitting the partials; then warp w sums w_p o_p,d over the partials p ≡ w (mod
+ * COMBINE_WARPS) for lane d of the block, and the warps' sums are added in threadgroup memory;
+ * out_d = Σ / denominator, rounded once to T. (One thread per element looping over every partial
+ * took a serial chain of P loads: 512 partials at 128k tokens.)
  */
 export function combineSource(backend: Backend): string {
   const o = OPS[backend];
   const prelude =
     backend === "cuda"
-      ? "  const int d = (int)(blockIdx.x * blockDim.x + threadIdx.x);\n  const int64_t row = (int64_t)blockIdx.y;"
-      : "  const int d = (int)thread_position_in_grid.x;\n  const int64_t row = (int64_t)thread_position_in_grid.y;";
+      ? "  const int tid = (int)threadIdx.x;\n  const int d = (int)blockIdx.x * 32 + (tid & 31);\n  const int64_t row = (int64_t)blockIdx.y;"
+      : "  const int tid = (int)thread_position_in_threadgroup.x;\n  const int d = (int)threadgroup_position_in_grid.x * 32 + (tid & 31);\n  const int64_t row = (int64_t)threadgroup_position_in_grid.y;";
   return `${prelude}
-  if (d >= DV) return;
+  constexpr int W = ${COMBINE_WARPS};
+  const int lane = tid & 31;
+  const int wid = tid >> 5;
   const int NP = pm_shape[1];
   const int64_t base = row * NP;
   float mmax = ${o.negInf};
-  for (int p = 0; p < NP; ++p) mmax = ${o.max}(mmax, pm[base + p]);
+  for (int p = lane; p < NP; p += 32) mmax = ${o.max}(mmax, pm[base + p]);
+  ${o.warpMax("mmax")}
   float den = 0.0f;
+  for (int p = lane; p < NP; p += 32) {
+    const float mp = pm[base + p];
+    den += ((mp == ${o.negInf}) ? 0.0f : ${o.exp}(mp - mmax)) * pl[base + p];
+  }
+  ${o.warpSum("den")}
   float acc = 0.0f;
-  for (int p = 0; p < NP; ++p) {
+  ${backend === "cuda" ? "#pragma unroll 4" : ""}
+  for (int p = wid; p < NP; p += W) {
     const float mp = pm[base + p];
     const float w = (mp == ${o.negInf}) ? 0.0f : ${o.exp}(mp - mmax);
-    den += w * pl[base + p];
     acc += w * po[(base + p) * DV + d];
   }
-  out[row * DV + d] = static_cast<T>(acc / den);
+  ${o.shared} float sm[W][32];
+  sm[wid][lane] = acc;
+  ${o.barrier}
+  if (wid == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < W; ++w) total += sm[w][lane];
+    out[row * DV + d] = static_cast<T>(total / den);
+  }
 `;
 }

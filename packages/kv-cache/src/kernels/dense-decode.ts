@@ -7,12 +7,13 @@ import * as mx from "@mlx-bun/mlx-ops";
 import type { Mask } from "../types.ts";
 import { combinePartials } from "./decode-combine.ts";
 import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
-import { type Backend, partialsSource } from "./decode-source.ts";
+import { type Backend, partialsSource, UNROLL } from "./decode-source.ts";
 
 /** The lane's slice of row t of a plain [B, H, T, D] plane, read through its strides. */
 const plainLoad = (a: string, out: string, n: string): string => `
     {
       const int64_t ar = b * ${a}_strides[0] + h * ${a}_strides[1] + t * ${a}_strides[2];
+      ${UNROLL}
       for (int i = 0; i < ${n}; ++i) ${out}[i] = static_cast<float>(${a}[ar + (lane * ${n} + i) * ${a}_strides[3]]);
     }`;
 
