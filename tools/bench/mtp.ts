@@ -24,6 +24,7 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+import { defaultDevice } from "@mlx-bun/mlx-ffi";
 import { loadAssistant } from "@mlx-bun/models";
 import { Engine, SpeculativeDecoder } from "@mlx-bun/runtime";
 import { runPython } from "../oracle/oracle.ts";
@@ -127,7 +128,17 @@ for (const r of runs) {
   const o = await r.go(); // warm-up
   progress(`warm-up ${r.name}: ${o.tokens.length} tokens, ${tps(o).toFixed(1)} tok/s`);
 }
-type Stats = { tps: number[]; ratio: number[]; perStep: number[]; acc: number[]; cost: number[] };
+type Stats = { tps: number[]; ratio: number[]; perStep: number[]; acc: number[]; cost: number[]; same: number[] };
+// Greedy speculative decoding emits plain decoding's tokens up to the arithmetic: on the CPU the
+// verify chunk and the single-token step round alike here (checked); on a GPU in bfloat16 they take
+// other kernels, so a random-weight model's near-ties flip (reported as the tokens equal to plain's
+// before the first difference).
+const strict = defaultDevice() === "cpu";
+const samePrefix = (a: readonly number[], b: readonly number[]): number => {
+  let i = 0;
+  while (i < a.length && i < b.length && a[i] === b[i]) i++;
+  return i;
+};
 const res = new Map<string, Stats>();
 for (let rep = 0; rep < reps; rep++) {
   const order = runs.map((_, i) => runs[(i + rep) % runs.length]!);
@@ -135,8 +146,9 @@ for (let rep = 0; rep < reps; rep++) {
   for (const r of order) out.set(r.name, await r.go());
   const plain = out.get("plain")!;
   for (const [name, o] of out) {
-    if (o.tokens.join() !== plain.tokens.join()) throw new Error(`${name}: tokens differ from plain greedy`);
-    const e = res.get(name) ?? { tps: [], ratio: [], perStep: [], acc: [], cost: [] };
+    if (strict && o.tokens.join() !== plain.tokens.join()) throw new Error(`${name}: tokens differ from plain greedy`);
+    const e = res.get(name) ?? { tps: [], ratio: [], perStep: [], acc: [], cost: [], same: [] };
+    e.same.push(samePrefix(o.tokens, plain.tokens));
     e.tps.push(tps(o));
     e.ratio.push(tps(o) / tps(plain));
     e.perStep.push(o.tokens.length / o.steps);
@@ -170,9 +182,12 @@ for (const w of which) {
   const d = drafterShape(w);
   console.log(`drafter ${w}: ${d.layers} layers, hidden ${d.hidden}, ${d.heads} heads, ${d.dtype}`);
 }
-console.log("| run | decode tok/s | vs plain | tokens per target step | acceptance | round cost per drafted token (ms) |");
-console.log("| --- | --- | --- | --- | --- | --- |");
-for (const [name, e] of res) console.log(`| ${name} | ${mmm(e.tps, 1)} | ${mmm(e.ratio)} | ${mmm(e.perStep)} | ${mmm(e.acc)} | ${mmm(e.cost)} |`);
+console.log(
+  "| run | decode tok/s | vs plain | tokens per target step | acceptance | round cost per drafted token (ms) | tokens = plain before the first difference |",
+);
+console.log("| --- | --- | --- | --- | --- | --- | --- |");
+for (const [name, e] of res)
+  console.log(`| ${name} | ${mmm(e.tps, 1)} | ${mmm(e.ratio)} | ${mmm(e.perStep)} | ${mmm(e.acc)} | ${mmm(e.cost)} | ${mmm(e.same, 0)} |`);
 if (jsonOut) {
   mkdirSync(dirname(resolve(jsonOut)), { recursive: true });
   const plainTps = median(res.get("plain")?.tps ?? []);
