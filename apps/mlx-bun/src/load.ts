@@ -20,6 +20,10 @@ export function engineOptions(o: ModelOptions, fileKv?: { kv?: KvMode; quantized
   }
   const opts: EngineOptions = { kv: o.kv ?? fileKv?.kv ?? "bf16", prefillStep: o.prefillStepSize };
   if (o.kvWindow !== undefined) opts.maxKvSize = o.kvWindow;
+  if (o.kvSliding !== undefined) {
+    if (o.kvBits !== undefined) throw new UsageError("--kv-sliding does not combine with --kv-bits (which leaves the sliding layers bf16 already)");
+    opts.kvSliding = o.kvSliding;
+  }
   if (o.kvBits !== undefined) opts.quantizedKv = { bits: o.kvBits, groupSize: o.kvGroupSize ?? 64, start: o.quantizedKvStart ?? 5000 };
   else if (fileKv?.quantizedKv && o.kv === undefined) opts.quantizedKv = fileKv.quantizedKv;
   return opts;
@@ -52,6 +56,7 @@ export async function loadEngine(
       );
     if (o.adapterPath) throw new UsageError("--adapter-path: adapters are not supported across ranks (as mlx_lm's distributed mode)");
     if (engineOpts.quantizedKv) throw new UsageError("--kv-bits: quantizing the KV cache mid-generation is not supported across ranks (use --kv q8 or q4)");
+    if (engineOpts.kvSliding) throw new UsageError("--kv-sliding: a separate sliding-layer KV mode is not supported across ranks");
     return { engine: rank.loadRankEngine(model.dir, backend, engineOpts), model };
   }
   const engine = Engine.load(model.dir, engineOpts);

@@ -63,8 +63,8 @@ function logLevelArg(v: string): string {
 }
 
 const KV_RE = /^(bf16|q8|q4|turbo:\d,\d)$/;
-function kvArg(v: string): string {
-  if (!KV_RE.test(v)) throw new InvalidArgumentError(`--kv must be bf16, q8, q4 or turbo:<kbits>,<vbits>, got ${JSON.stringify(v)}`);
+function kvArg(v: string, flag = "--kv"): string {
+  if (!KV_RE.test(v)) throw new InvalidArgumentError(`${flag} must be bf16, q8, q4 or turbo:<kbits>,<vbits>, got ${JSON.stringify(v)}`);
   return v;
 }
 
@@ -72,6 +72,8 @@ export interface ModelOptions {
   model?: string;
   /** Our KV mode (bf16 | q8 | q4 | turbo:k,v); undefined = bf16 (or, with --prompt-cache-file, the file's). */
   kv?: string;
+  /** Ours: the sliding-window layers' KV mode; undefined = the same as --kv. */
+  kvSliding?: string;
   /** Ours: bound the full-attention caches to a rotating window of n tokens. */
   kvWindow?: number;
   /** mlx_lm's --max-kv-size: no effect on Gemma 4 (its make_cache wins, in mlx_lm too). */
@@ -117,14 +119,20 @@ export interface SamplingOptions {
 
 /**
  * --model, --adapter-path, --trust-remote-code, --prefill-step-size, --max-kv-size (mlx_lm's),
- * and ours: --kv, --kv-window.
+ * and ours: --kv, --kv-sliding, --kv-window.
  */
 export function addModelOptions(cmd: Command): Command {
   return cmd
     .option("--model <dir|repo>", "checkpoint directory or Hugging Face repo id (default: the bundled tiny model)")
     .option("--adapter-path <dir>", "a LoRA adapter (mlx_lm's adapter_config.json + adapters.safetensors)")
     .option("--trust-remote-code", "accepted for mlx_lm compatibility; no effect (mlx-bun runs no remote code)")
-    .addOption(new Option("--kv <mode>", "KV cache: bf16 | q8 | q4 | turbo:<kbits>,<vbits> (default bf16)").argParser(kvArg))
+    .addOption(new Option("--kv <mode>", "KV cache: bf16 | q8 | q4 | turbo:<kbits>,<vbits> (default bf16)").argParser((v) => kvArg(v)))
+    .addOption(
+      new Option(
+        "--kv-sliding <mode>",
+        "KV cache of the sliding-window layers (default: as --kv); e.g. --kv turbo:4,3 --kv-sliding bf16 quantizes only the layers that hold the whole context",
+      ).argParser((v) => kvArg(v, "--kv-sliding")),
+    )
     .option("--kv-window <n>", "bound the full-attention KV caches to a rotating window of n tokens", intArg("--kv-window", 1))
     .option("--max-kv-size <n>", "as mlx_lm: no effect on Gemma 4, whose own cache layout wins (see --kv-window)", intArg("--max-kv-size", 1))
     .option("--prefill-step-size <n>", "prompt tokens per prefill step", intArg("--prefill-step-size", 1), 2048);

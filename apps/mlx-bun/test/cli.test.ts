@@ -56,18 +56,28 @@ describe("generate", () => {
     expect(o.prompt_ids.length).toBeLessThan(15);
   });
 
+  test("--kv-sliding: TurboQuant on the full-attention layers (head dim 64) with bf16 sliding layers (head dim 32, which TurboQuant cannot hold)", async () => {
+    const both = await runCli(["generate", "--json", "--model", dir, "--prompt", "hi", "--max-tokens", "4", "--kv", "turbo:4,3", "--kv-sliding", "bf16"]);
+    expect(both.code, both.stderr).toBe(0);
+    expect(json(both.stdout).generated_ids).toHaveLength(4);
+    const all = await runCli(["generate", "--model", dir, "--prompt", "hi", "--max-tokens", "4", "--kv", "turbo:4,3"]);
+    expect(all.code).toBe(1);
+    expect(all.stderr).toMatch(/--kv turbo:4,3 cannot hold this model's sliding-attention layers \(head dim 32\)/);
+  });
+
   test("bad arguments exit 1 with a message", async () => {
     for (const args of [
       ["generate", "--temp", "hot"],
       ["generate", "--max-tokens", "0"],
       ["generate", "--kv", "q5"],
+      ["generate", "--kv-sliding", "q3"],
       ["serve", "--port", "x"],
       ["generate", "--model", "./no/such/dir"],
     ]) {
       const r = await runCli(args);
       expect(r.code, args.join(" ")).toBe(1);
       expect(r.stderr, args.join(" ")).toMatch(
-        /--temp must be a number|--max-tokens must be at least 1|--kv must be|--port must be an integer|no such directory/,
+        /--temp must be a number|--max-tokens must be at least 1|--kv must be|--kv-sliding must be bf16, q8, q4 or turbo:<kbits>,<vbits>, got "q3"|--port must be an integer|no such directory/,
       );
     }
   });

@@ -547,6 +547,11 @@ describe("start-up", () => {
       ["turbo:9,9", ["--model", dir, "--kv", "turbo:9,9"], /got 9,9/],
       ["q4, head dim 32", ["--model", dir, "--kv", "q4"], /--kv q4 cannot hold this model's sliding-attention layers \(head dim 32\)/],
       ["turbo:4,3, head dim 32", ["--model", dir, "--kv", "turbo:4,3"], /--kv turbo:4,3 cannot hold .*head dim 32/],
+      [
+        "--kv-sliding q4, head dim 32",
+        ["--model", dir, "--kv-sliding", "q4"],
+        /--kv-sliding q4 cannot hold this model's sliding-attention layers \(head dim 32\)/,
+      ],
     ];
     // A chat template that does not parse, and a FIFO for the weights.
     const badTpl = join(tmp.path, "bad-template");

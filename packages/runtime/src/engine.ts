@@ -78,9 +78,10 @@ export class Engine implements GenerationEngine, Disposable {
     if (this.quantizedKv && this.kvMode.kind !== "bf16") throw new MlxError(`quantizedKv (kv_bits) needs the bf16 KV mode, not ${kvModeName(this.kvMode)}`);
     if (this.quantizedKv) new QuantizeAfterKVCache(this.quantizedKv.start, this.quantizedKv.bits, this.quantizedKv.groupSize).dispose(); // checks the settings now
     // A KV mode the model's head dims cannot take fails here, at start-up, not on every request.
-    checkKvMode(this.kvMode, loaded.config);
+    // With a sliding-layer mode of its own, `kv` holds the full-attention layers only.
+    checkKvMode(this.kvMode, loaded.config, this.kvSlidingMode ? { layers: "full_attention" } : {});
     if (this.kvSlidingMode)
-      checkKvMode(this.kvSlidingMode, loaded.config, { layers: "sliding_attention", what: `kvSliding ${kvModeName(this.kvSlidingMode)}` });
+      checkKvMode(this.kvSlidingMode, loaded.config, { layers: "sliding_attention", what: `--kv-sliding ${kvModeName(this.kvSlidingMode)}` });
     if (this.quantizedKv) {
       const q = this.quantizedKv;
       checkKvMode({ kind: "affine", bits: q.bits, groupSize: q.groupSize }, loaded.config, {
