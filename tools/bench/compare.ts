@@ -17,6 +17,7 @@
 // in-process generation; aggregate tok/s at 1/4/16 concurrent streams; MLX peak memory of each
 // process; KV bytes per token per --kv mode; a bandwidth roofline for decode; and, for the
 // mlx-bun side, FFI crossings and host graph-building time per decoded token.
+import { syntheticPrompt } from "./synthetic-prompt.ts";
 import { Twin } from "./twin.ts";
 import { appendFileSync, closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, writeFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
@@ -185,16 +186,7 @@ function fmt(x: number): string {
 // ------------------------------------------------------------------------------------------
 // Prompts (the same ids on both sides)
 // ------------------------------------------------------------------------------------------
-const FIRST_TEXT_ID = 280; // after Gemma's specials and the byte-fallback tokens (make_bench_model.py)
-function syntheticPrompt(n: number, seed: number): number[] {
-  const ids = [2];
-  let x = seed * 2654435761 + 12345;
-  for (let i = 1; i < n; i++) {
-    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
-    ids.push(FIRST_TEXT_ID + (x % (512 - FIRST_TEXT_ID)));
-  }
-  return ids;
-}
+// syntheticPrompt (synthetic-prompt.ts): vocab 512, the bench models' text ids.
 const WORDS = "the quick brown fox jumps over the lazy dog while the model thinks before it answers and calls a tool to get the weather in london".split(" ");
 function words(n: number, seed: number): string {
   const out: string[] = [];

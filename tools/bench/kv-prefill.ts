@@ -20,6 +20,7 @@ import { defaultDevice, memory, MlxArray, mlxVersion } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { setKvPrefill } from "@mlx-bun/kv-cache";
 import { Engine } from "@mlx-bun/runtime";
+import { syntheticPrompt } from "./synthetic-prompt.ts";
 
 const ROOT = resolve(import.meta.dirname, "..", "..");
 const argv = process.argv;
@@ -36,17 +37,6 @@ const QUALITY_MODEL = opt("quality-model", "");
 const QUALITY_LENGTH = Number(opt("quality-length", "2048"));
 const QUALITY_TAIL = Number(opt("quality-tail", "128"));
 const JSON_OUT = opt("json", "");
-const FIRST_TEXT_ID = 280; // after Gemma's specials and the byte-fallback tokens (make_bench_model.py)
-
-function syntheticPrompt(n: number, seed: number, vocab: number): number[] {
-  const ids = [2];
-  let x = seed * 2654435761 + 12345;
-  for (let i = 1; i < n; i++) {
-    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
-    ids.push(FIRST_TEXT_ID + (x % (vocab - FIRST_TEXT_ID)));
-  }
-  return ids;
-}
 
 interface Variant {
   name: string;

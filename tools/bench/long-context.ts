@@ -8,7 +8,8 @@
 // teacher-forced KL against bf16 over the decode steps: the bf16 run's greedy tokens fed to the
 // mode's caches, KL(bf16 ‖ mode) per step from the full-vocab log-softmax (float32), and the
 // argmax agreement. mlx-lm with its bf16 cache at each length (prefill, decode, peak) runs in a
-// Python process beside (tools/bench/mlx_lm_long.py, MLX_BUN_PYTHON or --python).
+// Python process beside (the `long` command of tools/bench/mlx_lm_bench.py through twin.ts,
+// MLX_BUN_PYTHON or --python).
 //
 // How one variant runs: prefill (timed) → MLX peak read → snapshot of the sliding-window caches
 // → the teacher-forced pass (bf16: greedy, its tokens and log-probs kept on the host; other
@@ -36,6 +37,8 @@ import { type Cache, RotatingKVCache, type CacheState, setDenseDecode } from "@m
 import { defaultDevice, evaluate, memory, MlxArray, mlxVersion } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { DecodeRunner, Engine, logSoftmax, Row, Sequence } from "@mlx-bun/runtime";
+import { syntheticPrompt } from "./synthetic-prompt.ts";
+import { Twin } from "./twin.ts";
 
 const ROOT = resolve(import.meta.dirname, "..", "..");
 const argv = process.argv.slice(2);
@@ -56,58 +59,12 @@ const PYTHON = opt("python", process.env.MLX_BUN_PYTHON ?? join(ROOT, ".native/v
 const WARMUP = !has("no-warmup");
 const JSON_OUT = opt("json", "");
 const MD_OUT = opt("md", "");
-const FIRST_TEXT_ID = 280; // after Gemma's specials and the byte-fallback tokens (make_bench_model.py)
 if (!MODES.includes("bf16")) MODES.unshift("bf16"); // the reference of the ratios and the KL
 if (DECODE < 2) throw new Error("--decode-tokens must be at least 2");
 
 const T0 = performance.now();
 const elapsed = (): number => (performance.now() - T0) / 1000;
 const log = (s: string): void => console.error(`[long-context +${elapsed().toFixed(0)}s] ${s}`);
-
-function syntheticPrompt(n: number, seed: number, vocab: number): number[] {
-  const ids = [2];
-  let x = seed * 2654435761 + 12345;
-  for (let i = 1; i < n; i++) {
-    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
-    ids.push(FIRST_TEXT_ID + (x % (vocab - FIRST_TEXT_ID)));
-  }
-  return ids;
-}
-
-// ------------------------------------------------------------------------------------------
-// The mlx-lm side (a persistent Python process; one JSON line each way)
-// ------------------------------------------------------------------------------------------
-class PyTwin {
-  #p = Bun.spawn([PYTHON, join(ROOT, "tools/bench/mlx_lm_long.py"), "--serve"], { stdin: "pipe", stdout: "pipe", stderr: "inherit" });
-  #reader = this.#p.stdout.getReader();
-  #buf = "";
-  #dec = new TextDecoder();
-  async line(): Promise<string> {
-    for (;;) {
-      const nl = this.#buf.indexOf("\n");
-      if (nl >= 0) {
-        const l = this.#buf.slice(0, nl);
-        this.#buf = this.#buf.slice(nl + 1);
-        return l;
-      }
-      const { value, done } = await this.#reader.read();
-      if (done) throw new Error("mlx_lm_long.py exited");
-      this.#buf += this.#dec.decode(value);
-    }
-  }
-  async call<T>(cmd: string, args: Record<string, unknown> = {}): Promise<T> {
-    this.#p.stdin.write(`${JSON.stringify({ cmd, ...args })}\n`);
-    this.#p.stdin.flush();
-    const r = JSON.parse(await this.line()) as { ok: boolean; error?: string; trace?: string };
-    if (!r.ok) throw new Error(`mlx_lm_long ${cmd}: ${r.error}\n${r.trace ?? ""}`);
-    return r as T;
-  }
-  async close(): Promise<void> {
-    this.#p.stdin.write(`{"cmd":"quit"}\n`);
-    this.#p.stdin.end();
-    await this.#p.exited;
-  }
-}
 
 // ------------------------------------------------------------------------------------------
 // One variant of mlx-bun: prefill, teacher-forced pass, rewind, timed decode
@@ -287,10 +244,10 @@ const vocab = base.loaded.config.text.vocabSize;
 const header = `${new Date().toISOString()}; ${cpus().length} cores (${cpus()[0]?.model.trim()}), ${(totalmem() / 2 ** 30).toFixed(0)} GiB, MLX ${mlxVersion()} ${defaultDevice()}; model \`${MODEL.replace(`${ROOT}/`, "")}\` (${base.loaded.config.text.numHiddenLayers} layers, sliding window ${base.loaded.config.text.slidingWindow}); prefill step ${STEP}; ${DECODE} decode tokens; ${REPS} repetition(s)`;
 log(`loaded (${(memory.active() / 1e9).toFixed(2)} GB active), background eval ${new Engine(base.loaded).backgroundEval}`);
 
-let py: PyTwin | null = null;
+let py: Twin | null = null;
 let pyInfo: Record<string, unknown> = {};
 if (MLX_LM) {
-  py = new PyTwin();
+  py = new Twin(PYTHON, ROOT);
   pyInfo = JSON.parse(await py.line()) as Record<string, unknown>;
   pyInfo = { ...pyInfo, ...(await py.call<Record<string, unknown>>("load", { model: MODEL })) };
   log(`mlx-lm loaded: ${JSON.stringify(pyInfo)}`);
@@ -300,7 +257,7 @@ if (WARMUP) {
   // One chunk and a few decode steps per mode (kernel compilation, first-use allocations).
   const warm = syntheticPrompt(Math.min(STEP, Math.min(...LENGTHS)) + 1, 1, vocab);
   for (const m of MODES) await runVariant(m, warm, null, false, 4);
-  if (py) await py.call("run", { prompt: warm, n: 4 });
+  if (py) await py.call("long", { prompt: warm, n: 4 });
   log("warm-up done");
 }
 
@@ -421,7 +378,7 @@ for (const n of LENGTHS) {
       log(`${n} tokens, ${v}, rep ${rep + 1}: start`);
       try {
         if (v === MLX_LM_NAME) {
-          const r = await py!.call<{ ttft_s: number; decode_s: number; tokens: number[]; peak_bytes: number }>("run", { prompt, n: DECODE });
+          const r = await py!.call<{ ttft_s: number; decode_s: number; tokens: number[]; peak_bytes: number }>("long", { prompt, n: DECODE });
           Object.assign(res, {
             status: "ok",
             prefillTokPerS: n / r.ttft_s,

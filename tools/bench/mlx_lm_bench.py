@@ -1,18 +1,23 @@
-"""Python twin of tools/bench/compare.ts: the mlx-lm side of each measurement, in one process.
+"""Python twin of tools/bench/compare.ts (and of the other benches through twin.ts: speculative.ts,
+long-context.ts, device/qmv-decode.ts): the mlx-lm side of each measurement, in one process.
 
 Driven over stdin/stdout, one JSON object per line each way (like op_overhead.py --serve):
-compare.ts sends {"cmd": ..., ...}; the twin answers one line {"ok": true, ...} or
+the bench sends {"cmd": ..., ...}; the twin answers one line {"ok": true, ...} or
 {"ok": false, "error": "..."}. The first line it prints is {"ready": true, ...}.
 
-  python mlx_lm_bench.py --serve            # driven by compare.ts
+  python mlx_lm_bench.py --serve            # driven by a bench (twin.ts)
   python mlx_lm_bench.py --model DIR        # standalone smoke test: decode 16 tokens
 
-Commands (token ids always come from compare.ts, so both sides run the same prompts):
-  load      {model}                     mlx_lm.load; answers weights bytes (active memory)
+Commands (token ids always come from the driving bench, so both sides run the same prompts):
+  load      {model}                     mlx_lm.load: load_s, active_bytes (the weights), device, mlx
   decode    {prompt, n}                 generate_step, greedy: ttft, decode seconds, tokens
   load_draft {model}                    mlx_lm.load of a draft model for spec_decode
   spec_decode {prompt, n, k}            speculative_generate_step, greedy, k draft tokens per round:
                                         ttft, decode seconds, tokens, from_draft flags
+  long      {prompt, n}                 long-context.ts's mlx-lm row: MLX peak reset, then generate_step
+                                        (greedy, prefill_step_size mlx-lm's default 2048) for n tokens:
+                                        ttft_s (prompt in, first token read), decode_s (first token to
+                                        last), tokens, peak_bytes (MLX peak of the run), active_bytes
   prefill   {prompt}                    generate_step with max_tokens=1: seconds to the first token
   steps     {prompt, n}                 unpipelined decode: graph-build and eval seconds per step
   kv        {n}                         KV bytes held after prefilling n tokens, per cache mode
@@ -56,6 +61,26 @@ def _decode(prompt: list[int], n: int) -> dict:
             t_first = time.perf_counter()
     t_end = time.perf_counter()
     return {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "tokens": toks}
+
+
+def _long(prompt: list[int], n: int) -> dict:
+    """A long prompt with the bf16 cache: _decode's loop with the MLX peak of the run around it."""
+    from mlx_lm.generate import generate_step
+
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    t0 = time.perf_counter()
+    t_first = None
+    toks = []
+    for y, _ in generate_step(mx.array(prompt), state["model"], max_tokens=n):
+        toks.append(int(y))
+        if t_first is None:
+            t_first = time.perf_counter()
+    t_end = time.perf_counter()
+    peak = mx.get_peak_memory()
+    mx.clear_cache()
+    return {"ttft_s": t_first - t0, "decode_s": t_end - t_first, "tokens": toks, "peak_bytes": peak,
+            "active_bytes": mx.get_active_memory()}
 
 
 def _load_draft(model: str) -> dict:
@@ -181,6 +206,8 @@ def handle(req: dict) -> dict:
         return _load(req["model"])
     if cmd == "decode":
         return _decode(req["prompt"], int(req["n"]))
+    if cmd == "long":
+        return _long(req["prompt"], int(req["n"]))
     if cmd == "load_draft":
         return _load_draft(req["model"])
     if cmd == "spec_decode":
