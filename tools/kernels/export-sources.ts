@@ -10,13 +10,15 @@ import { turboValuesKernel } from "../../packages/kv-cache/src/kernels/turbo-val
 import { denseDecodeKernel } from "../../packages/kv-cache/src/kernels/dense-decode.ts";
 
 const out = process.argv[2] ?? "kernel-sources.json";
-const kernels = [geglu_kernel, qmv_kernel, turboValuesKernel, affineDecodeKernel, turboDecodeKernel, denseDecodeKernel, decodeCombineKernel].map(({ spec }) => ({
-  name: spec.name,
-  input_names: spec.input_names,
-  output_names: spec.output_names,
-  ensure_row_contiguous: spec.ensure_row_contiguous !== false,
-  metal: spec.metal ?? null,
-  cuda: spec.cuda ?? null,
-}));
+const kernels = [geglu_kernel, qmv_kernel, turboValuesKernel, affineDecodeKernel, turboDecodeKernel, denseDecodeKernel, decodeCombineKernel].map(
+  ({ spec }) => ({
+    name: spec.name,
+    input_names: spec.input_names,
+    output_names: spec.output_names,
+    ensure_row_contiguous: spec.ensure_row_contiguous !== false,
+    metal: spec.metal ?? null,
+    cuda: spec.cuda ?? null,
+  }),
+);
 await Bun.write(out, JSON.stringify(kernels, null, 1));
 console.log(`wrote ${kernels.length} kernel(s) to ${out}`);
