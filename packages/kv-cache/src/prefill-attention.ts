@@ -4,6 +4,7 @@
 // docs/kv-prefill.md has the reasoning and the measurements.
 import { defaultDevice, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
+import { processSetting } from "./setting.ts";
 import type { Mask } from "./types.ts";
 
 /**
@@ -22,30 +23,21 @@ export type KvPrefillSetting = "sdpa" | "exact";
  */
 export const PREFILL_SDPA_MIN_QUERIES = 32;
 
-let setting: KvPrefillSetting | undefined;
-
-function envSetting(): KvPrefillSetting {
-  const v = process.env.MLX_BUN_KV_PREFILL;
-  // Unset: SDPA where it pays (a GPU: 0.88-0.92x -> 0.98-0.99x of bf16 prefill for q8 on the H200);
-  // the CPU keeps mlx-lm's tokens (no measurable gain there, docs/kv-prefill.md).
-  if (v === undefined || v === "") return defaultDevice() === "gpu" ? "sdpa" : "exact";
-  if (v === "sdpa") return "sdpa";
-  if (v === "exact") return "exact";
-  throw new Error(`MLX_BUN_KV_PREFILL=${v}: expected sdpa or exact`);
-}
+// Unset: SDPA where it pays (a GPU: 0.88-0.92x -> 0.98-0.99x of bf16 prefill for q8 on the H200);
+// the CPU keeps mlx-lm's tokens (no measurable gain there, docs/kv-prefill.md).
+const setting = processSetting<KvPrefillSetting>("MLX_BUN_KV_PREFILL", "setKvPrefill", ["sdpa", "exact"], () => (defaultDevice() === "gpu" ? "sdpa" : "exact"));
 
 /**
  * Choose the prefill attention of the quantized KV views for this process: "sdpa" or "exact"
  * (see KvPrefillSetting). `undefined` goes back to MLX_BUN_KV_PREFILL (unset: "sdpa" on a GPU, "exact" on the CPU).
  */
 export function setKvPrefill(s: KvPrefillSetting | undefined): void {
-  if (s !== undefined && s !== "sdpa" && s !== "exact") throw new Error(`setKvPrefill: expected "sdpa" or "exact", got ${String(s)}`);
-  setting = s;
+  setting.set(s);
 }
 
 /** The prefill attention in effect now. */
 export function kvPrefill(): KvPrefillSetting {
-  return setting ?? envSetting();
+  return setting.get();
 }
 
 /** Whether a chunk of `q` [B, Hq, L, D] takes the SDPA path now. */

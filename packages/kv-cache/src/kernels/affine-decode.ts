@@ -6,7 +6,7 @@ import { type MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { QuantTriple } from "../quant-triple.ts";
 import type { Mask } from "../types.ts";
-import { combinePartials } from "./decode-combine.ts";
+import { decodeTwoPass } from "./decode-combine.ts";
 import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
 import { affineDecode, type Backend, partialsSource } from "./decode-source.ts";
 
@@ -96,10 +96,5 @@ export function affineDecodeAttention(q: MlxArray, k: QuantTriple, v: QuantTripl
   using qs = mx.multiply(q, scale, s);
   const inputs = [qs, k.w, k.scales, k.biases, v.w, v.scales, v.biases, m];
   if (typeof shapesOf(inputs) === "string") return null;
-  const parts = affineDecodeKernel.run(inputs, s ? { stream: s } : {});
-  try {
-    return combinePartials(parts, qs, s);
-  } finally {
-    for (const p of parts) p.dispose();
-  }
+  return decodeTwoPass(affineDecodeKernel, inputs, s);
 }

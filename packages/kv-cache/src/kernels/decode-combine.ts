@@ -54,6 +54,16 @@ export const decodeCombineKernel = mx.kernels.custom_kernel({
   },
 });
 
+/** Pass 1 (`kernel` over `inputs`, the scaled queries first) then pass 2: the attention output [B, Hq, 1, Dv]. */
+export function decodeTwoPass(kernel: ReturnType<typeof mx.kernels.custom_kernel>, inputs: MlxArray[], s?: Stream): MlxArray {
+  const parts = kernel.run(inputs, s ? { stream: s } : {});
+  try {
+    return combinePartials(parts, inputs[0]!, s);
+  } finally {
+    for (const p of parts) p.dispose();
+  }
+}
+
 /** The attention output [B, Hq, 1, Dv] in q's dtype from the partials of pass 1. */
 export function combinePartials(partials: readonly MlxArray[], q: MlxArray, s?: Stream): MlxArray {
   return decodeCombineKernel.run([partials[0]!, partials[1]!, partials[2]!, q], s ? { stream: s } : {})[0]!;

@@ -4,8 +4,9 @@
 // (MLX_BUN_DENSE_DECODE=kernel or setDenseDecode) until measured against it on each backend.
 import { type MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
+import { processSetting } from "../setting.ts";
 import type { Mask } from "../types.ts";
-import { combinePartials } from "./decode-combine.ts";
+import { decodeTwoPass } from "./decode-combine.ts";
 import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
 import { type Backend, partialsSource, UNROLL } from "./decode-source.ts";
 
@@ -58,24 +59,16 @@ export const denseDecodeKernel = mx.kernels.custom_kernel({
 /** How a plain cache attends one decode token: MLX's fast SDPA ("sdpa", the default) or the split-K kernel ("kernel"). */
 export type DenseDecodeSetting = "sdpa" | "kernel";
 
-let setting: DenseDecodeSetting | undefined;
-
-function envSetting(): DenseDecodeSetting {
-  const v = process.env.MLX_BUN_DENSE_DECODE;
-  if (v === undefined || v === "" || v === "sdpa") return "sdpa";
-  if (v === "kernel") return "kernel";
-  throw new Error(`MLX_BUN_DENSE_DECODE=${v}: expected sdpa or kernel`);
-}
+const setting = processSetting<DenseDecodeSetting>("MLX_BUN_DENSE_DECODE", "setDenseDecode", ["sdpa", "kernel"], () => "sdpa");
 
 /** Choose the decode attention of plain caches for this process; `undefined` goes back to MLX_BUN_DENSE_DECODE. */
 export function setDenseDecode(s: DenseDecodeSetting | undefined): void {
-  if (s !== undefined && s !== "sdpa" && s !== "kernel") throw new Error(`setDenseDecode: expected "sdpa" or "kernel", got ${String(s)}`);
-  setting = s;
+  setting.set(s);
 }
 
 /** The plain caches' decode attention in effect now. */
 export function denseDecode(): DenseDecodeSetting {
-  return setting ?? envSetting();
+  return setting.get();
 }
 
 /**
@@ -90,10 +83,5 @@ export function denseDecodeAttention(q: MlxArray, k: MlxArray, v: MlxArray, scal
   using qs = mx.multiply(q, scale, s);
   const inputs = [qs, k, v, m];
   if (typeof planOf(inputs) === "string") return null;
-  const parts = denseDecodeKernel.run(inputs, s ? { stream: s } : {});
-  try {
-    return combinePartials(parts, qs, s);
-  } finally {
-    for (const p of parts) p.dispose();
-  }
+  return decodeTwoPass(denseDecodeKernel, inputs, s);
 }

@@ -4,7 +4,7 @@
 import { type MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Mask } from "../types.ts";
-import { combinePartials } from "./decode-combine.ts";
+import { decodeTwoPass } from "./decode-combine.ts";
 import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
 import { affineDecode, type Backend, partialsSource, TURBO_VALUE_DECODE } from "./decode-source.ts";
 import { turboValuesKernel } from "./turbo-values.ts";
@@ -105,10 +105,5 @@ export function turboDecodeAttention(
   using qs = mx.multiply(q, scale, s);
   const inputs = [qs, keys.w, keys.scales, keys.biases, codes, vscale, centroids, m];
   if (typeof shapesOf(inputs) === "string") return null;
-  const parts = turboDecodeKernel.run(inputs, s ? { stream: s } : {});
-  try {
-    return combinePartials(parts, qs, s);
-  } finally {
-    for (const p of parts) p.dispose();
-  }
+  return decodeTwoPass(turboDecodeKernel, inputs, s);
 }
