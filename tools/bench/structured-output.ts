@@ -28,6 +28,7 @@ import {
   Scheduler,
   StructuredOutputCompiler,
 } from "@mlx-bun/runtime";
+import { stallProbe } from "./stall-probe.ts";
 import { syntheticTokenizer } from "./synthetic-tokenizer.ts";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
@@ -174,13 +175,7 @@ async function compileStall(engine: Engine) {
   const vocab = tok.vocabSize;
   const sched = new Scheduler(engine, { maxBatch: 16 });
   const fake = synthetic();
-  let last = performance.now();
-  let stall = 0;
-  const probe = setInterval(() => {
-    const now = performance.now();
-    stall = Math.max(stall, now - last);
-    last = now;
-  }, 1);
+  const probe = stallProbe();
   // A live processor of the synthetic tokenizer whose advance() is issued as each compile starts.
   let live: Awaited<ReturnType<typeof grammarProcessor>> | null = null;
   const liveHist = [2];
@@ -207,8 +202,7 @@ async function compileStall(engine: Engine) {
     console.error(`stall phase ${compile ? "compile" : "reference"}: streams submitted`);
     // Decoding steadily first.
     while (times.some((ts) => ts.length < 8)) await new Promise((r) => setTimeout(r, 5));
-    stall = 0;
-    last = performance.now();
+    probe.reset();
     const t0 = performance.now();
     let waitMs = 0;
     if (compile) {
@@ -226,7 +220,7 @@ async function compileStall(engine: Engine) {
     const t1 = performance.now();
     console.error(`stall phase: done in ${(t1 - t0).toFixed(0)} ms`);
     await new Promise((r) => setTimeout(r, 20));
-    const stallMs = stall;
+    const stallMs = probe.max;
     stop.abort();
     await Promise.all(streams.map((s) => s.done));
     let gap = 0;
@@ -247,7 +241,7 @@ async function compileStall(engine: Engine) {
     const schema = { ...SCHEMA, properties: { rows: { ...SCHEMA.properties.rows, minItems: 63, maxItems: 63 } } };
     (await grammarProcessor(fake, { type: "json_schema", schema }, { promptTokens: 1 })).dispose();
   });
-  clearInterval(probe);
+  probe.stop();
   (live as { dispose(): void } | null)?.dispose();
   StructuredOutputCompiler.for(fake).close();
   await sched.close();

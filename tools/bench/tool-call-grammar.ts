@@ -7,6 +7,7 @@
 //   .native/bin/bun tools/bench/tool-call-grammar.ts [--tools 4]
 import { StructuredOutputCompiler, type ToolSpec, toolCallProcessor } from "@mlx-bun/runtime";
 import { syntheticTokenizer } from "./synthetic-tokenizer.ts";
+import { stallProbe } from "./stall-probe.ts";
 
 const argv = process.argv.slice(2);
 const nTools = Number(argv[argv.indexOf("--tools") + 1] ?? 4) || 4;
@@ -37,18 +38,12 @@ const build = async (t: ToolSpec[]) => {
 };
 const coldMs = await build(tools("a"));
 // The longest gap between 1 ms ticks while a new tool list compiles.
-let last = performance.now();
-let stall = 0;
-const probe = setInterval(() => {
-  const now = performance.now();
-  stall = Math.max(stall, now - last);
-  last = now;
-}, 1);
-last = performance.now();
+const probe = stallProbe();
 const newListMs = await build(tools("b"));
 // Let the probe run once more: a stall shows only when the timer fires after it.
 await new Promise((r) => setTimeout(r, 10));
-clearInterval(probe);
+probe.stop();
+const stall = probe.max;
 const cachedMs = await build(tools("b"));
 StructuredOutputCompiler.forToolCalls(tok).close();
 console.log(
