@@ -9,22 +9,21 @@
 // endpoint's error shape; /v1/completions refuses images with a 400.
 import { readFileSync } from "node:fs";
 import Anthropic, { type APIError as AnthropicError } from "@anthropic-ai/sdk";
-import { Engine, type GenerateRequest, type GenerationResult, Scheduler } from "@mlx-bun/runtime";
+import { type Engine, type GenerateRequest, type GenerationResult } from "@mlx-bun/runtime";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
-import { type RunningServer, startServer } from "../src/server/http.ts";
-import { imageSupportFor } from "../src/server/images.ts";
+import type { RunningServer } from "../src/server/http.ts";
 import { tempDir } from "./helpers.ts";
-import { makeVisionFixture, visionReference } from "./vision-fixtures.ts";
+import { makeVisionFixture, startVisionServers, type VisionServers, visionReference } from "./vision-fixtures.ts";
 
 const N = 8;
 const TEXT = "What is in this picture?";
 let tmp: ReturnType<typeof tempDir>;
 let ckpt: string;
 let engine: Engine;
-let scheduler: Scheduler;
 let srv: RunningServer;
 let textOnly: RunningServer;
+let servers: VisionServers;
 let png: string;
 let pngBytes: Buffer;
 /** mlx-vlm's prompt ids and greedy tokens for [image, TEXT]. */
@@ -37,27 +36,21 @@ beforeAll(() => {
   ({ ckpt, png } = makeVisionFixture(tmp.path));
   pngBytes = readFileSync(png);
   ref = visionReference(tmp.path, { ckpt, png }, TEXT, N);
-  engine = Engine.load(ckpt);
-  scheduler = new Scheduler(engine, { maxBatch: 4 });
-  const sink = {
+  servers = startVisionServers(ckpt, (sched) => ({
     get active() {
-      return scheduler.active;
+      return sched.active;
     },
     submit(r: GenerateRequest) {
-      const stream = scheduler.submit(r);
+      const stream = sched.submit(r);
       seen.push({ req: r, result: stream.result });
       return stream;
     },
-  };
-  srv = startServer({ model: engine.loaded, scheduler: sink, modelId: "tiny", port: 0, webDir: null, images: imageSupportFor(engine.loaded) });
-  textOnly = startServer({ model: engine.loaded, scheduler: sink, modelId: "text", port: 0, webDir: null, images: null });
+  }));
+  ({ engine, srv, textOnly } = servers);
 }, 300_000);
 
 afterAll(async () => {
-  await srv?.stop();
-  await textOnly?.stop();
-  await scheduler?.close();
-  engine?.dispose();
+  await servers?.stop();
   tmp?.cleanup();
 });
 

@@ -6,21 +6,20 @@
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { memory } from "@mlx-bun/mlx-ffi";
-import { Engine, Scheduler } from "@mlx-bun/runtime";
+import type { Engine } from "@mlx-bun/runtime";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { runPython, runPythonAsync } from "../../../tools/oracle/oracle.ts";
-import { type RunningServer, startServer } from "../src/server/http.ts";
-import { imageSupportFor } from "../src/server/images.ts";
+import type { RunningServer } from "../src/server/http.ts";
 import { runCli, tempDir } from "./helpers.ts";
-import { makeVisionFixture, visionReference } from "./vision-fixtures.ts";
+import { makeVisionFixture, startVisionServers, type VisionServers, visionReference } from "./vision-fixtures.ts";
 
 const N = 8;
 let tmp: ReturnType<typeof tempDir>;
 let ckpt: string;
 let engine: Engine;
-let scheduler: Scheduler;
 let srv: RunningServer;
 let textOnly: RunningServer;
+let servers: VisionServers;
 let png: string;
 let big: string;
 /** mlx-vlm's prompt ids and greedy tokens for [image, TEXT]. */
@@ -32,17 +31,12 @@ beforeAll(() => {
   ref = visionReference(tmp.path, { ckpt, png }, TEXT, N);
   big = join(tmp.path, "big.png");
   runPython(["-c", `import sys; from PIL import Image; Image.new("L", (10000, 10000)).save(sys.argv[1])`, big]);
-  engine = Engine.load(ckpt);
-  scheduler = new Scheduler(engine, { maxBatch: 4 });
-  srv = startServer({ model: engine.loaded, scheduler, modelId: "tiny", port: 0, webDir: null, images: imageSupportFor(engine.loaded) });
-  textOnly = startServer({ model: engine.loaded, scheduler, modelId: "text", port: 0, webDir: null, images: null });
+  servers = startVisionServers(ckpt);
+  ({ engine, srv, textOnly } = servers);
 });
 
 afterAll(async () => {
-  await srv?.stop();
-  await textOnly?.stop();
-  await scheduler?.close();
-  engine?.dispose();
+  await servers?.stop();
   tmp?.cleanup();
 });
 

@@ -4,7 +4,11 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { loadSafetensors } from "@mlx-bun/mlx-ffi";
+import { Engine, Scheduler } from "@mlx-bun/runtime";
 import { runPython } from "../../../tools/oracle/oracle.ts";
+import { type RunningServer, startServer } from "../src/server/http.ts";
+import { imageSupportFor } from "../src/server/images.ts";
+import type { RequestSink } from "../src/server/server-options.ts";
 import { ROOT } from "./helpers.ts";
 
 export interface VisionFixture {
@@ -34,5 +38,36 @@ export function visionReference(dir: string, f: VisionFixture, text: string, ste
   return {
     ids: [...(r.tensors.get("input_ids")!.toTypedArray() as Int32Array)],
     tokens: [...(r.tensors.get("tokens")!.toTypedArray() as Int32Array)],
+  };
+}
+
+export interface VisionServers {
+  engine: Engine;
+  scheduler: Scheduler;
+  /** The checkpoint with its vision tower ("tiny"). */
+  srv: RunningServer;
+  /** The same model served as text-only (images: null; "text"). */
+  textOnly: RunningServer;
+  stop(): Promise<void>;
+}
+
+/** The vision checkpoint behind two servers on one scheduler (maxBatch 4); `sink` may wrap the scheduler to see what is submitted. */
+export function startVisionServers(ckpt: string, sink: (s: Scheduler) => RequestSink = (s) => s): VisionServers {
+  const engine = Engine.load(ckpt);
+  const scheduler = new Scheduler(engine, { maxBatch: 4 });
+  const to = sink(scheduler);
+  const srv = startServer({ model: engine.loaded, scheduler: to, modelId: "tiny", port: 0, webDir: null, images: imageSupportFor(engine.loaded) });
+  const textOnly = startServer({ model: engine.loaded, scheduler: to, modelId: "text", port: 0, webDir: null, images: null });
+  return {
+    engine,
+    scheduler,
+    srv,
+    textOnly,
+    async stop() {
+      await srv.stop();
+      await textOnly.stop();
+      await scheduler.close();
+      engine.dispose();
+    },
   };
 }
