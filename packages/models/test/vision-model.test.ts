@@ -3,19 +3,15 @@
 // clipped linears and causal text attention, "l" with standardize and bidirectional image
 // attention). Reference: tools/oracle/gemma4_vision_oracle.py run (processor + Model.__call__ +
 // greedy decode through the language model's cache).
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import * as mx from "@mlx-bun/mlx-ops";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runPython } from "../../../tools/oracle/oracle.ts";
-import { loadModel } from "../src/load.ts";
-import { multimodalInputs, expandImageTokens } from "../src/vision/embed.ts";
-import { decodeImage, loadImageProcessorConfig, preprocessImage } from "../src/vision/preprocess.ts";
 import { Gemma4Vision } from "../src/vision/tower.ts";
 import { ROOT } from "./helpers.ts";
-import { expectImageCase, writeTestPng } from "./vision-parity.ts";
+import { expectImageCase, warmUpVision, writeTestPng } from "./vision-parity.ts";
 
 const MAKER = join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py");
 const STEPS = 12;
@@ -29,18 +25,8 @@ beforeAll(async () => {
   const mk = async (name: string, w: number, h: number, seed: number) => images.push(await writeTestPng(dir, name, w, h, seed));
   await mk("a.png", 130, 100, 1);
   await mk("b.png", 64, 200, 2);
-  // Warm-up: the process-lived compiled functions (gelu_approx, geglu, softcap) are made on first
-  // use; the memory checks below then see only what one request leaves behind.
   const ckpt = join(dir, "vision-e");
-  using lm = loadModel(ckpt);
-  using vision = Gemma4Vision.load(ckpt, lm.config)!;
-  const pre = preprocessImage(await decodeImage(readFileSync(images[0]!)), loadImageProcessorConfig(ckpt));
-  using f = vision.encode(pre);
-  const ids = expandImageTokens([2, vision.tokens.imageTokenId, 5], [pre.softTokens], vision.tokens);
-  using mm = multimodalInputs(lm.model, vision.tokens, ids, [f]);
-  using idsArr = mx.array([ids], "int32");
-  using l = lm.model.forward(idsArr, null, mm.inputs);
-  l.eval();
+  await warmUpVision(ckpt, images[0]!, (lm) => Gemma4Vision.load(ckpt, lm.config));
 });
 
 afterAll(() => rmSync(dir, { recursive: true, force: true }));

@@ -15,6 +15,22 @@ import { ROOT } from "./helpers.ts";
 
 export const VISION_ORACLE = join(ROOT, "tools", "oracle", "gemma4_vision_oracle.py");
 
+/**
+ * One image through `ckpt`'s encoder and model: the process-lived compiled functions (gelu_approx,
+ * geglu, softcap) are made on first use, so memory checks after it see only what one request leaves.
+ */
+export async function warmUpVision(ckpt: string, png: string, loadEncoder: (lm: LoadedModel) => VisionEncoder | null): Promise<void> {
+  using lm = loadModel(ckpt);
+  using vision = loadEncoder(lm)!;
+  const pre = preprocessImage(await decodeImage(readFileSync(png)), loadImageProcessorConfig(ckpt));
+  using f = vision.encode(pre);
+  const ids = expandImageTokens([2, vision.tokens.imageTokenId, 5], [pre.softTokens], vision.tokens);
+  using mm = multimodalInputs(lm.model, vision.tokens, ids, [f]);
+  using idsArr = mx.array([ids], "int32");
+  using l = lm.model.forward(idsArr, null, mm.inputs);
+  l.eval();
+}
+
 function argmax(a: MlxArray): number {
   using m = mx.argmax(a);
   return (m.item() as number) | 0;

@@ -8,15 +8,13 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "nod
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadSafetensors } from "@mlx-bun/mlx-ffi";
-import * as mx from "@mlx-bun/mlx-ops";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { runPython } from "../../../tools/oracle/oracle.ts";
 import { loadModel } from "../src/load.ts";
-import { expandImageTokens, multimodalInputs } from "../src/vision/embed.ts";
 import { decodeImage, loadImageProcessorConfig, preprocessImage } from "../src/vision/preprocess.ts";
 import { Gemma4UnifiedVision, loadVisionEncoder, modelPatches, takesImages } from "../src/vision/unified.ts";
 import { ROOT } from "./helpers.ts";
-import { expectImageCase, VISION_ORACLE, writeTestPng } from "./vision-parity.ts";
+import { expectImageCase, VISION_ORACLE, warmUpVision, writeTestPng } from "./vision-parity.ts";
 
 const MAKER = join(ROOT, "tools", "make-tiny-model", "make_tiny_vision_model.py");
 const STEPS = 12;
@@ -33,17 +31,7 @@ beforeAll(async () => {
   await mk("a.png", 130, 100, 1);
   await mk("b.png", 64, 200, 2);
   await mk("c.png", 480, 480, 3); // already a multiple of 48: no resize, 100 patches
-  // Warm-up: the process-lived compiled functions (geglu, softcap) are made on first use; the
-  // memory checks below then see only what one request leaves behind.
-  using lm = loadModel(ckpt);
-  using vision = loadVisionEncoder(ckpt, lm.config)!;
-  const pre = preprocessImage(await decodeImage(readFileSync(images[0]!)), loadImageProcessorConfig(ckpt));
-  using f = vision.encode(pre);
-  const ids = expandImageTokens([2, vision.tokens.imageTokenId, 5], [pre.softTokens], vision.tokens);
-  using mm = multimodalInputs(lm.model, vision.tokens, ids, [f]);
-  using idsArr = mx.array([ids], "int32");
-  using l = lm.model.forward(idsArr, null, mm.inputs);
-  l.eval();
+  await warmUpVision(ckpt, images[0]!, (lm) => loadVisionEncoder(ckpt, lm.config));
 });
 
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
