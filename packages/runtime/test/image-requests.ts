@@ -2,9 +2,10 @@
 // tokens for one image (tools/oracle/gemma4_vision_oracle.py), and an image GenerateRequest.
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { loadSafetensors } from "@mlx-bun/mlx-ffi";
+import { loadSafetensors, memory } from "@mlx-bun/mlx-ffi";
 import { decodeImage, expandImageTokens, loadImageProcessorConfig, parseMultimodalTokens, type PreprocessedImage, preprocessImage } from "@mlx-bun/models";
 import { runPython } from "../../../tools/oracle/oracle.ts";
+import { expect } from "vitest";
 import type { Engine, GenerateRequest, Scheduler } from "../src/index.ts";
 import { ROOT } from "./helpers.ts";
 
@@ -49,4 +50,26 @@ export async function tokens(s: ReturnType<Scheduler["submit"]>): Promise<number
   for await (const _ of s) {
   }
   return (await s.result).tokens;
+}
+
+type Reference = ReturnType<typeof imageReference>;
+
+/**
+ * Both images' requests alone, each equal to its reference's tokens: A first (it loads the vision
+ * tower and makes the process-lived compiled functions), then the memory baseline, then B.
+ */
+export async function soloImageRuns(
+  e: Engine,
+  [refA, refB]: readonly [Reference, Reference],
+  [fileA, fileB]: readonly string[],
+  n: number,
+): Promise<{ reqA: GenerateRequest; reqB: GenerateRequest; baseline: number; handles: number }> {
+  const reqA = await imageRequest(e, refA.prompt, fileA!, n);
+  const reqB = await imageRequest(e, refB.prompt, fileB!, n);
+  expect(await tokens(e.generate(reqA))).toEqual(refA.tokens);
+  memory.clearCache();
+  const baseline = memory.active();
+  const handles = memory.liveHandles();
+  expect(await tokens(e.generate(reqB))).toEqual(refB.tokens);
+  return { reqA, reqB, baseline, handles };
 }

@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { memory } from "@mlx-bun/mlx-ffi";
 import { afterAll, beforeAll, expect, test } from "vitest";
 import { Engine, type GenerateRequest, Scheduler } from "../src/index.ts";
-import { imageReference, imageRequest, makeVisionFixtures, tokens } from "./image-requests.ts";
+import { imageReference, makeVisionFixtures, soloImageRuns, tokens } from "./image-requests.ts";
 
 const N = 10;
 let dir: string;
@@ -33,13 +33,7 @@ test("gemma4_unified image requests alone and batched with text: greedy tokens e
   // (the template's one <bos>, as the server and the CLI tokenize); with that extra <bos> in
   // the prompt ids, the runtime gives mlx_vlm.generate's tokens (below).
   using e = Engine.load(ckpt);
-  const reqA = await imageRequest(e, refA.prompt, files[0]!, N);
-  const reqB = await imageRequest(e, refB.prompt, files[1]!, N);
-  expect(await tokens(e.generate(reqA))).toEqual(refA.tokens);
-  memory.clearCache();
-  const baseline = memory.active();
-  const handles = memory.liveHandles();
-  expect(await tokens(e.generate(reqB))).toEqual(refB.tokens);
+  const { reqA, reqB, baseline, handles } = await soloImageRuns(e, [refA, refB], files, N);
   const bos = reqA.promptIds[0]!;
   expect(await tokens(e.generate({ ...reqA, promptIds: [bos, ...reqA.promptIds] }))).toEqual(refA.generated);
   expect(await tokens(e.generate({ ...reqB, promptIds: [bos, ...reqB.promptIds] }))).toEqual(refB.generated);

@@ -8,7 +8,7 @@ import { parseMultimodalTokens, type PreprocessedImage } from "@mlx-bun/models";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { Engine, type GenerateRequest, PromptCache, RequestError, Scheduler } from "../src/index.ts";
 import { tinyModels } from "./helpers.ts";
-import { imageReference, imageRequest, makeVisionFixtures, tokens } from "./image-requests.ts";
+import { imageReference, makeVisionFixtures, soloImageRuns, tokens } from "./image-requests.ts";
 
 const N = 10;
 let models: ReturnType<typeof tinyModels>;
@@ -36,14 +36,7 @@ describe.each(["vision-e", "vision-l"])("%s: image requests = mlx_vlm.generate",
       expect(refB.generated).toEqual(refB.tokens);
     }
     using e = Engine.load(ckpt);
-    // Warm-up (the vision tower loads on first use; compiled functions are process-lived).
-    const reqA = await imageRequest(e, refA.prompt, files[0]!, N);
-    const reqB = await imageRequest(e, refB.prompt, files[1]!, N);
-    expect(await tokens(e.generate(reqA))).toEqual(refA.tokens);
-    memory.clearCache();
-    const baseline = memory.active();
-    const handles = memory.liveHandles();
-    expect(await tokens(e.generate(reqB))).toEqual(refB.tokens);
+    const { reqA, reqB, baseline, handles } = await soloImageRuns(e, [refA, refB], files, N);
     // Batched: two text requests and both image requests at once (and again: the prompt cache holds
     // every prompt, the image ones keyed by their images' content: images-prompt-cache.test.ts).
     const cache = new PromptCache({ maxEntries: 8, maxBytes: 1 << 30 });
