@@ -1,7 +1,7 @@
 // Custom kernels: path selection (pure, so every case is tested on any machine), the reference
 // composition vs Python MLX, and — where a GPU backend is live — each source vs its reference.
 import { describe, expect, test } from "vitest";
-import { type Dtype, Stream } from "@mlx-bun/mlx-ffi";
+import { type Dtype, evaluate, Stream } from "@mlx-bun/mlx-ffi";
 import { oracle } from "../../../tools/oracle/oracle.ts";
 import { astype } from "../src/elementwise.ts";
 import * as kernels from "../src/kernels/index.ts";
@@ -152,6 +152,28 @@ describe("geglu kernel", () => {
         using rr = astype(r32, dt);
         expectClose(kk, rr, TOL[dt]!, `geglu ${backend} ${dt} [${shape}]`);
       }
+    }
+  });
+
+  // Launches with one key share the first one's primitive (ops_kernel.cpp): each output must
+  // still be computed from its own inputs, also when several are evaluated in one graph.
+  test.skipIf(gpu_backend() === null)("on the GPU: launches of one shape in one graph each compute their own inputs", () => {
+    const backend = gpu_backend()!;
+    using gpu = Stream.default("gpu");
+    const seeds = [40, 41, 42, 43];
+    const gs = seeds.map((s) => randn([3, 257], s, "bfloat16"));
+    const us = seeds.map((s) => randn([3, 257], s + 100, "bfloat16"));
+    try {
+      const outs = gs.map((g, i) => geglu_kernel.run([g, us[i]!], { stream: gpu, path: backend })[0]!);
+      evaluate(...outs);
+      for (let i = 0; i < seeds.length; i++) {
+        using o = outs[i]!;
+        const [r] = geglu_kernel.run([gs[i]!, us[i]!], { stream: gpu, path: "reference" });
+        using rr = r!;
+        expectClose(o, rr, TOL.bfloat16!, `geglu ${backend} launch ${i} of ${seeds.length}`);
+      }
+    } finally {
+      for (const a of [...gs, ...us]) a.dispose();
     }
   });
 });

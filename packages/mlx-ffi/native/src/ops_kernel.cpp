@@ -1,16 +1,45 @@
 // Custom GPU kernels: mx::fast::metal_kernel / cuda_kernel from source strings.
 // Which path runs (a kernel source or the TS reference composition) is decided on the TS side
 // (packages/mlx-ops/src/kernels/kernel.ts) from mlxb_gpu_backend() and the stream's device.
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
 #include <sstream>
+#include <string>
+#include <unordered_map>
 
 #include "ops_internal.h"
 
 using namespace mlxb;
 
 namespace {
+// MLX's kernel function writes the whole kernel source (signature + body, several KB) at every
+// call, 12-16 us of graph building per launch on the H200 (docs/custom-kernels.md). The
+// primitive it makes depends only on the launch key below, so the first call's primitive is
+// kept and later calls with the same key make their outputs from it (as mx.compile's replay
+// shares primitives). MLX_BUN_KERNEL_REUSE=0 turns this off (for measuring it).
 struct Kernel {
+  explicit Kernel(mx::fast::CustomKernelFunction f) : fn(std::move(f)) {}
   mx::fast::CustomKernelFunction fn;
+  std::mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<mx::Primitive>> prims;
 };
+// Enough for every shape class of a model's kernels; past it the cache starts over.
+constexpr size_t MAX_PRIMITIVES = 1024;
+
+bool reuse_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLX_BUN_KERNEL_REUSE");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+template <class T>
+void put(std::string& key, const T& v) {
+  key.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
 
 std::vector<std::string> split_names(const char* joined) {
   std::vector<std::string> out;
@@ -41,10 +70,10 @@ MLXB_API void* mlxb_kernel_new(int backend, const char* name, const char* input_
     auto ins = split_names(input_names);
     auto outs = split_names(output_names);
     if (backend == 1) {
-      return new Kernel{mx::fast::metal_kernel(name, ins, outs, source, str_or_empty(header), ensure_row_contiguous != 0, extra != 0)};
+      return new Kernel(mx::fast::metal_kernel(name, ins, outs, source, str_or_empty(header), ensure_row_contiguous != 0, extra != 0));
     }
     if (backend == 2) {
-      return new Kernel{mx::fast::cuda_kernel(name, ins, outs, source, str_or_empty(header), ensure_row_contiguous != 0, extra)};
+      return new Kernel(mx::fast::cuda_kernel(name, ins, outs, source, str_or_empty(header), ensure_row_contiguous != 0, extra));
     }
     throw std::invalid_argument("kernel backend must be 1 (metal) or 2 (cuda), got " + std::to_string(backend));
   })
@@ -85,9 +114,34 @@ MLXB_API void* mlxb_kernel_call(void* k, const uint64_t* inputs, int n_in, const
     }
     std::optional<float> init;
     if (has_init) init = static_cast<float>(init_value);
-    auto out = static_cast<Kernel*>(k)->fn(arrays_from(inputs, n_in), shapes, dtypes, {grid[0], grid[1], grid[2]},
-                                           {threadgroup[0], threadgroup[1], threadgroup[2]}, tmpl, init, verbose != 0,
-                                           stream_of(s));
+    auto& kernel = *static_cast<Kernel*>(k);
+    auto ins = arrays_from(inputs, n_in);
+    auto stream = mx::to_stream(stream_of(s));
+    // What the generated source and the primitive depend on: the stream, grid, threadgroup,
+    // initial value, template arguments, input dtypes (and which are scalars), output dtypes.
+    std::string key;
+    if (reuse_enabled() && !verbose) {
+      key.reserve(128);
+      put(key, stream.index);
+      for (int i = 0; i < 3; i++) put(key, grid[i]), put(key, threadgroup[i]);
+      put(key, has_init);
+      if (has_init) put(key, *init);
+      for (int i = 0; i < n_tmpl; i++) put(key, tmpl_kinds[i]), put(key, tmpl_values[i]);
+      if (tmpl_names) key += tmpl_names;
+      key += '|';
+      for (auto& a : ins) put(key, a.dtype().val()), put(key, static_cast<char>(a.ndim() == 0));
+      for (auto& d : dtypes) put(key, d.val());
+      std::lock_guard<std::mutex> lock(kernel.mu);
+      auto hit = kernel.prims.find(key);
+      if (hit != kernel.prims.end()) return wrap_list(mx::array::make_arrays(std::move(shapes), dtypes, hit->second, ins));
+    }
+    auto out = kernel.fn(ins, shapes, dtypes, {grid[0], grid[1], grid[2]}, {threadgroup[0], threadgroup[1], threadgroup[2]},
+                         tmpl, init, verbose != 0, stream);
+    if (!key.empty() && !out.empty() && out[0].has_primitive()) {
+      std::lock_guard<std::mutex> lock(kernel.mu);
+      if (kernel.prims.size() >= MAX_PRIMITIVES) kernel.prims.clear();
+      kernel.prims.emplace(std::move(key), out[0].primitive_ptr());
+    }
     return wrap_list(std::move(out));
   })
 }
