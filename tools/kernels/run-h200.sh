@@ -10,7 +10,8 @@
 #   tests  the kv-cache kernel tests, whose GPU cases run only where a backend is live (needs vitest
 #          in the carried node_modules; skipped with a note otherwise)
 #   bench  tools/bench/kv-cache.ts: fused kernels vs bf16 (fast SDPA and the split-K kernel) at 1k / 8k /
-#          32k / 128k tokens (CONTEXTS; UNFUSED=1 adds the unfused path), then at 16 / 8 heads of 512
+#          32k / 128k tokens (CONTEXTS; UNFUSED=1 adds the unfused path; LAYERS=N times N attends
+#          per evaluation), then at 16 / 8 heads of 512
 # Everything goes to $OUT.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -40,11 +41,11 @@ if has tests; then
 fi
 if has bench; then
   log "kv-cache bench: 8 query / 2 KV heads of 256"
-  timeout "${BENCH_S:-420}" .native/bin/bun tools/bench/kv-cache.ts --reps "${REPS:-7}" ${UNFUSED:+--unfused} \
+  timeout "${BENCH_S:-420}" .native/bin/bun tools/bench/kv-cache.ts --reps "${REPS:-7}" ${UNFUSED:+--unfused} ${LAYERS:+--layers "$LAYERS"} \
     --contexts "${CONTEXTS:-1024,8192,32768,131072}" --json "$OUT/kv-cache-h200.json" 2>/dev/null | tee "$OUT/kv-cache-h200.md"
   # The 12B-shaped model's full-attention layers: 16 query / 8 KV heads of 512.
   log "kv-cache bench: 16 query / 8 KV heads of 512"
-  timeout "${BENCH_S:-420}" .native/bin/bun tools/bench/kv-cache.ts --reps "${REPS:-7}" --heads 16,8 --dim 512 \
+  timeout "${BENCH_S:-420}" .native/bin/bun tools/bench/kv-cache.ts --reps "${REPS:-7}" --heads 16,8 --dim 512 ${LAYERS:+--layers "$LAYERS"} \
     --contexts "${CONTEXTS512:-32768,131072}" --json "$OUT/kv-cache-h200-d512.json" 2>/dev/null | tee "$OUT/kv-cache-h200-d512.md"
 fi
 log "done"
