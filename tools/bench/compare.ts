@@ -826,7 +826,8 @@ await phase("scheduler", async () => {
   await sched.close();
 });
 
-// 9. KV bytes per token for each --kv mode (last: on CUDA each mode JIT-compiles its kernels).
+// 9. KV bytes per token for each --kv mode (last: on CUDA each mode JIT-compiles its kernels). A
+// quantized mode leaves the sliding layers bf16 (the engine's default, as --kv does).
 await phase("kv", async () => {
   progress("KV bytes per token");
   const prompt = syntheticPrompt(O.kvTokens, 7);

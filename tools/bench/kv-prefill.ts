@@ -4,7 +4,9 @@
 // planes) and on the exact path (mlx-lm's quantized-matmul attention, MLX_BUN_KV_PREFILL=exact).
 // Modes and paths are interleaved within every repetition (rotating start); min / median / max
 // tok/s, and the ratio of medians to bf16's in the same run. Peak memory per mode (one extra
-// run each, MLX's peak counter reset before it).
+// run each, MLX's peak counter reset before it). A mode X quantizes the full-attention layers and
+// leaves the sliding layers bf16 (the engine's default); X~Y gives the sliding layers mode Y
+// (EngineOptions.kvSliding), e.g. turbo:4,3~turbo:4,3 for every layer.
 //
 // --quality-model DIR (a bf16 checkpoint) adds teacher-forced figures on it: the prompt fed in
 // chunks, then the logits of the last --quality-tail positions (one forward chunk, so it too takes
@@ -53,11 +55,17 @@ const VARIANTS: Variant[] = [
 
 const log = (s: string): void => console.error(`[kv-prefill +${(performance.now() / 1000).toFixed(0)}s] ${s}`);
 
+/** "X" → kv X (the sliding layers bf16, the engine's default); "X~Y" → kv X, the sliding layers Y. */
+function engineKv(mode: string): { kv: string; kvSliding?: string } {
+  const [kv, sliding] = mode.split("~") as [string, string | undefined];
+  return sliding ? { kv, kvSliding: sliding } : { kv };
+}
+
 const base = Engine.load(MODEL, { prefillStep: STEP });
 const engines = new Map<string, Engine>();
 const engineFor = (kv: string): Engine => {
   let e = engines.get(kv);
-  if (!e) engines.set(kv, (e = new Engine(base.loaded, { kv, prefillStep: STEP })));
+  if (!e) engines.set(kv, (e = new Engine(base.loaded, { ...engineKv(kv), prefillStep: STEP })));
   return e;
 };
 
@@ -146,7 +154,7 @@ if (QUALITY_MODEL) {
   /** float32 log-probabilities [tail, V] of the tail positions after the head was prefilled. */
   const logprobs = (v: Variant): MlxArray => {
     setKvPrefill(v.path);
-    const e = new Engine(qBase.loaded, { kv: v.kv, prefillStep: STEP });
+    const e = new Engine(qBase.loaded, { ...engineKv(v.kv), prefillStep: STEP });
     const caches = e.makeCaches();
     try {
       e.prefill(prompt.slice(0, QUALITY_LENGTH - QUALITY_TAIL), caches, 0);

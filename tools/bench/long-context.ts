@@ -22,9 +22,11 @@
 //     [--modes bf16,q8,q4,turbo:4,3,turbo:8,4] [--decode-tokens 64] [--reps 1] [--step 2048]
 //     [--deadline SECONDS] [--no-mlx-lm] [--python PY] [--no-warmup] [--json FILE] [--md FILE]
 //
-// A mode may carry the sliding layers' own mode after "~" (e.g. turbo:4,3~bf16: TurboQuant on the
-// full-attention layers, bf16 on the sliding ones; EngineOptions.kvSliding) and "+kernel" for the
-// plain caches' split-K decode kernel instead of fast SDPA (setDenseDecode), e.g. bf16+kernel.
+// A quantized mode X is the engine's default: X on the full-attention layers, the sliding layers
+// bf16. A mode may carry the sliding layers' own mode after "~" (EngineOptions.kvSliding; e.g.
+// turbo:4,3~turbo:4,3: TurboQuant on every layer, as plain turbo:4,3 meant before the default
+// changed) and "+kernel" for the plain caches' split-K decode kernel instead of fast SDPA
+// (setDenseDecode), e.g. bf16+kernel.
 //
 // --deadline: seconds from the start of the process; a variant that would start after it is
 // skipped (and reported as skipped). The JSON (and the markdown) is rewritten after every variant.

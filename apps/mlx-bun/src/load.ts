@@ -13,8 +13,8 @@ export interface Loaded {
   model: ResolvedModel;
 }
 
-/** Engine options from the flags (and a KV mode a prompt-cache file asks for, when --kv is not given). */
-export function engineOptions(o: ModelOptions, fileKv?: { kv?: KvMode; quantizedKv?: EngineOptions["quantizedKv"] }): EngineOptions {
+/** Engine options from the flags (and the KV modes a prompt-cache file asks for, when --kv / --kv-sliding are not given). */
+export function engineOptions(o: ModelOptions, fileKv?: { kv?: KvMode; kvSliding?: KvMode; quantizedKv?: EngineOptions["quantizedKv"] }): EngineOptions {
   if (o.kvBits !== undefined && o.kv !== undefined && o.kv !== "bf16") {
     throw new UsageError(`--kv-bits quantizes a bf16 cache from --quantized-kv-start on; it does not combine with --kv ${o.kv}`);
   }
@@ -23,7 +23,7 @@ export function engineOptions(o: ModelOptions, fileKv?: { kv?: KvMode; quantized
   if (o.kvSliding !== undefined) {
     if (o.kvBits !== undefined) throw new UsageError("--kv-sliding does not combine with --kv-bits (which leaves the sliding layers bf16 already)");
     opts.kvSliding = o.kvSliding;
-  }
+  } else if (fileKv?.kvSliding) opts.kvSliding = fileKv.kvSliding; // a file whose sliding layers were quantized
   if (o.kvBits !== undefined) opts.quantizedKv = { bits: o.kvBits, groupSize: o.kvGroupSize ?? 64, start: o.quantizedKvStart ?? 5000 };
   else if (fileKv?.quantizedKv && o.kv === undefined) opts.quantizedKv = fileKv.quantizedKv;
   return opts;
@@ -56,7 +56,6 @@ export async function loadEngine(
       );
     if (o.adapterPath) throw new UsageError("--adapter-path: adapters are not supported across ranks (as mlx_lm's distributed mode)");
     if (engineOpts.quantizedKv) throw new UsageError("--kv-bits: quantizing the KV cache mid-generation is not supported across ranks (use --kv q8 or q4)");
-    if (engineOpts.kvSliding) throw new UsageError("--kv-sliding: a separate sliding-layer KV mode is not supported across ranks");
     return { engine: rank.loadRankEngine(model.dir, backend, engineOpts), model };
   }
   const engine = Engine.load(model.dir, engineOpts);

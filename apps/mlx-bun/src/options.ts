@@ -72,7 +72,7 @@ export interface ModelOptions {
   model?: string;
   /** Our KV mode (bf16 | q8 | q4 | turbo:k,v); undefined = bf16 (or, with --prompt-cache-file, the file's). */
   kv?: string;
-  /** Ours: the sliding-window layers' KV mode; undefined = the same as --kv. */
+  /** Ours: the sliding-window layers' KV mode; undefined = bf16 (the model's dtype), whatever --kv is. */
   kvSliding?: string;
   /** Ours: bound the full-attention caches to a rotating window of n tokens. */
   kvWindow?: number;
@@ -126,11 +126,16 @@ export function addModelOptions(cmd: Command): Command {
     .option("--model <dir|repo>", "checkpoint directory or Hugging Face repo id (default: the bundled tiny model)")
     .option("--adapter-path <dir>", "a LoRA adapter (mlx_lm's adapter_config.json + adapters.safetensors)")
     .option("--trust-remote-code", "accepted for mlx_lm compatibility; no effect (mlx-bun runs no remote code)")
-    .addOption(new Option("--kv <mode>", "KV cache: bf16 | q8 | q4 | turbo:<kbits>,<vbits> (default bf16)").argParser((v) => kvArg(v)))
+    .addOption(
+      new Option(
+        "--kv <mode>",
+        "KV cache: bf16 | q8 | q4 | turbo:<kbits>,<vbits> (default bf16); a quantized mode applies to the full-attention layers, the sliding-window layers keep the model's dtype (see --kv-sliding)",
+      ).argParser((v) => kvArg(v)),
+    )
     .addOption(
       new Option(
         "--kv-sliding <mode>",
-        "KV cache of the sliding-window layers (default: as --kv); e.g. --kv turbo:4,3 --kv-sliding bf16 quantizes only the layers that hold the whole context",
+        "KV cache of the sliding-window layers (default: the model's dtype, as mlx-lm and mlx-vlm); e.g. --kv turbo:4,3 --kv-sliding turbo:4,3 quantizes them too (little memory saved: they hold one window of tokens; slower decoding)",
       ).argParser((v) => kvArg(v, "--kv-sliding")),
     )
     .option("--kv-window <n>", "bound the full-attention KV caches to a rotating window of n tokens", intArg("--kv-window", 1))

@@ -545,8 +545,9 @@ describe("start-up", () => {
     const cases: [string, string[], RegExp][] = [
       ["turbo:0,0", ["--model", dir, "--kv", "turbo:0,0"], /TurboQuant takes key bits .* got 0,0/],
       ["turbo:9,9", ["--model", dir, "--kv", "turbo:9,9"], /got 9,9/],
-      ["q4, head dim 32", ["--model", dir, "--kv", "q4"], /--kv q4 cannot hold this model's sliding-attention layers \(head dim 32\)/],
-      ["turbo:4,3, head dim 32", ["--model", dir, "--kv", "turbo:4,3"], /--kv turbo:4,3 cannot hold .*head dim 32/],
+      // --kv quantizes the sliding layers (head dim 32) only with --kv-sliding.
+      ["q4, head dim 32", ["--model", dir, "--kv", "q4", "--kv-sliding", "q4"], /--kv q4 cannot hold this model's sliding-attention layers \(head dim 32\)/],
+      ["turbo:4,3, head dim 32", ["--model", dir, "--kv", "turbo:4,3", "--kv-sliding", "turbo:4,3"], /--kv turbo:4,3 cannot hold .*head dim 32/],
       [
         "--kv-sliding q4, head dim 32",
         ["--model", dir, "--kv-sliding", "q4"],

@@ -9,16 +9,23 @@ import type { Cache } from "@mlx-bun/kv-cache";
 import type { Gemma4Model, KvMode, TensorParallel } from "@mlx-bun/models";
 
 /**
- * The ops of the step protocol: one int32[6] header per step, [op, cache set, a, b, c, d]:
+ * The ops of the step protocol: one int32[9] header per step, [op, cache set, a, b, c, d, e, f, g]:
  * forward: a, b = B, L (then the ids [B, L] follow); makeCaches: a = maxKvSize (0: none),
- * b, c, d = the KV mode (kind 0 bf16 / 1 affine / 2 turbo, bits or kBits, group size or vBits).
+ * b, c, d = the KV mode (kind 0 bf16 / 1 affine / 2 turbo, bits or kBits, group size or vBits),
+ * e, f, g = the sliding layers' KV mode, coded alike (kind -1: none, the same as b, c, d).
  */
 export const StepOp = { noop: 0, makeCaches: 1, forward: 2, freeCaches: 3, stop: 4 } as const;
-const HEADER = 6;
+const HEADER = 9;
+/** Mode kind code of "no sliding mode of its own" (the sliding layers take the main mode). */
+const SAME_MODE = -1;
 
 function encodeMode(m: KvMode | undefined): [number, number, number] {
   if (!m || m.kind === "bf16") return [0, 0, 0];
   return m.kind === "affine" ? [1, m.bits, m.groupSize] : [2, m.kBits, m.vBits];
+}
+
+function encodeSlidingMode(m: KvMode | undefined): [number, number, number] {
+  return m ? encodeMode(m) : [SAME_MODE, 0, 0];
 }
 
 function decodeMode(k: number, p: number, q: number): KvMode {
@@ -35,7 +42,7 @@ export interface StepModel {
 }
 
 function broadcastHeader(tp: TensorParallel, fields: number[]): void {
-  using h = MlxArray.fromNumbers([...fields, 0, 0, 0, 0, 0, 0].slice(0, HEADER), [HEADER], "int32");
+  using h = MlxArray.fromNumbers([...fields, ...new Array<number>(HEADER).fill(0)].slice(0, HEADER), [HEADER], "int32");
   using sum = mx.distributed.all_sum(h, { group: tp.group });
   asyncEval(sum);
 }
@@ -80,9 +87,9 @@ export class LeaderModel implements StepModel {
     broadcastHeader(this.tp, fields);
   }
 
-  makeCaches(mode?: KvMode, opts?: { maxKvSize?: number }): Cache[] {
+  makeCaches(mode?: KvMode, opts?: { maxKvSize?: number; slidingMode?: KvMode }): Cache[] {
     const set = this.#nextSet++;
-    this.#send([StepOp.makeCaches, set, opts?.maxKvSize ?? 0, ...encodeMode(mode)]);
+    this.#send([StepOp.makeCaches, set, opts?.maxKvSize ?? 0, ...encodeMode(mode), ...encodeSlidingMode(opts?.slidingMode)]);
     const caches = this.model.makeCaches(mode, opts);
     if (caches.length === 0) return caches;
     const first = caches[0]!;
@@ -115,7 +122,7 @@ export class LeaderModel implements StepModel {
   stop(): void {
     if (this.#closed) return;
     if (this.#keepAlive) clearInterval(this.#keepAlive);
-    using h = MlxArray.fromNumbers([StepOp.stop, 0, 0, 0, 0, 0], [HEADER], "int32");
+    using h = MlxArray.fromNumbers([StepOp.stop, ...new Array<number>(HEADER - 1).fill(0)], [HEADER], "int32");
     using sum = mx.distributed.all_sum(h, { group: this.tp.group });
     this.#closed = true;
     evaluate(sum);
@@ -136,18 +143,26 @@ export function followSteps(model: Gemma4Model, tp: TensorParallel, opts: Follow
   const sets = new Map<number, Cache[]>();
   try {
     for (;;) {
-      let op: number, set: number, B: number, L: number, k: number, p: number;
+      let header: number[];
       {
         using z = mx.zeros([HEADER], "int32");
         using h = mx.distributed.all_sum(z, { group: tp.group });
-        [op, set, B, L, k, p] = h.tolist() as number[] as [number, number, number, number, number, number];
+        header = h.tolist() as number[];
       }
+      const [op, set, B, L] = header as [number, number, number, number];
       opts.onStep?.(op);
       if (op === StepOp.stop) return;
       if (op === StepOp.noop) continue;
       if (op === StepOp.makeCaches) {
-        // For makeCaches the header's a..d are maxKvSize and the KV mode.
-        sets.set(set, model.makeCaches(decodeMode(L, k, p), B > 0 ? { maxKvSize: B } : {}));
+        // For makeCaches the header's a..g are maxKvSize, the KV mode and the sliding layers' mode.
+        const [maxKvSize, k, p, q, sk, sp, sq] = header.slice(2) as [number, number, number, number, number, number, number];
+        sets.set(
+          set,
+          model.makeCaches(decodeMode(k, p, q), {
+            ...(maxKvSize > 0 ? { maxKvSize } : {}),
+            ...(sk !== SAME_MODE ? { slidingMode: decodeMode(sk, sp, sq) } : {}),
+          }),
+        );
       } else if (op === StepOp.freeCaches) {
         for (const c of sets.get(set) ?? []) c.dispose();
         sets.delete(set);

@@ -19,6 +19,8 @@ export interface RunOptions {
 export interface GenerationEngine extends RequestLimits, PrefillModel {
   readonly loaded: LoadedModel;
   readonly kvMode: KvMode;
+  /** The sliding-window layers' KV mode when it is not kvMode (Engine: bf16 by default for a quantized kvMode). */
+  readonly kvSlidingMode?: KvMode | undefined;
   /** Decode steps are encoded on a native worker (docs/background-eval.md). */
   readonly backgroundEval: boolean;
   makeCaches(): Cache[];

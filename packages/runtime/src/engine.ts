@@ -22,11 +22,18 @@ import { Scheduler } from "./scheduler.ts";
 import type { GenerateRequest, GenerationStream } from "./types.ts";
 
 export interface EngineOptions {
-  /** KV cache mode: bf16 | q8 | q4 | turbo:<kbits>,<vbits> (default bf16). */
+  /**
+   * KV cache mode: bf16 | q8 | q4 | turbo:<kbits>,<vbits> (default bf16). A quantized mode applies
+   * to the full-attention layers; the sliding-window layers keep the model's dtype unless
+   * `kvSliding` says otherwise (as mlx-lm and mlx-vlm, which leave RotatingKVCache unquantized).
+   */
   kv?: string | KvMode;
   /**
-   * KV cache mode of the sliding-window layers (default: `kv`). Their caches hold at most a window
-   * of tokens, so quantizing them saves little memory and costs an encode per layer per step.
+   * KV cache mode of the sliding-window layers (default: bf16, i.e. the model's dtype; `kv` when
+   * that is bf16). Their caches hold at most a window of tokens, so quantizing them saves little
+   * memory and costs an encode per layer per step (on an H200, 40 sliding layers of a 12B-shaped
+   * model at 8k context: turbo:4,3 decodes 33.9 tok/s with them quantized, 61.5 with them bf16).
+   * Give a mode (e.g. "turbo:4,3") to quantize them too.
    */
   kvSliding?: string | KvMode;
   /** Bound the full-attention caches to a rotating window of this many tokens. */
@@ -52,7 +59,10 @@ export interface EngineOptions {
 
 export class Engine implements GenerationEngine, Disposable {
   readonly kvMode: KvMode;
-  /** The sliding-window layers' KV mode when it differs from kvMode. */
+  /**
+   * The sliding-window layers' KV mode when it differs from kvMode (bf16 by default when kvMode
+   * is quantized); undefined when it is the same or the model has no sliding-attention layers.
+   */
   readonly kvSlidingMode: KvMode | undefined;
   readonly prefillStep: number;
   readonly maxKvSize: number | undefined;
@@ -69,8 +79,8 @@ export class Engine implements GenerationEngine, Disposable {
     opts: EngineOptions = {},
   ) {
     this.kvMode = typeof opts.kv === "string" ? parseKvMode(opts.kv) : (opts.kv ?? { kind: "bf16" });
-    this.kvSlidingMode = typeof opts.kvSliding === "string" ? parseKvMode(opts.kvSliding) : opts.kvSliding;
-    if (this.kvSlidingMode && opts.stepModel) throw new MlxError("kvSliding: a separate sliding-layer KV mode is not supported across tensor-parallel ranks");
+    const sliding = typeof opts.kvSliding === "string" ? parseKvMode(opts.kvSliding) : opts.kvSliding;
+    this.kvSlidingMode = effectiveSlidingMode(this.kvMode, sliding, loaded.config.text.layerTypes.includes("sliding_attention"));
     this.prefillStep = opts.prefillStep ?? 2048;
     if (!Number.isInteger(this.prefillStep) || this.prefillStep < 1) throw new MlxError(`prefillStep must be a positive integer, got ${this.prefillStep}`);
     this.maxKvSize = opts.maxKvSize;
@@ -185,6 +195,24 @@ export class Engine implements GenerationEngine, Disposable {
   [Symbol.dispose](): void {
     this.dispose();
   }
+}
+
+/**
+ * The sliding layers' mode, undefined when it is kvMode's: `explicit` when given, else bf16 for a
+ * quantized kvMode (the references keep RotatingKVCache unquantized: mlx-lm's to_quantized raises,
+ * mlx-vlm's TurboQuant skips it; quantizing ≤ window tokens saves little and slows every step).
+ */
+function effectiveSlidingMode(kvMode: KvMode, explicit: KvMode | undefined, hasSliding: boolean): KvMode | undefined {
+  if (!hasSliding) return undefined;
+  const m = explicit ?? { kind: "bf16" };
+  return sameKvMode(m, kvMode) ? undefined : m;
+}
+
+function sameKvMode(a: KvMode, b: KvMode): boolean {
+  if (a.kind === "bf16" || b.kind === "bf16") return a.kind === b.kind;
+  if (a.kind === "affine" && b.kind === "affine") return a.bits === b.bits && a.groupSize === b.groupSize;
+  if (a.kind === "turbo" && b.kind === "turbo") return a.kBits === b.kBits && a.vBits === b.vBits;
+  return false;
 }
 
 function defaultBackgroundEval(): boolean {

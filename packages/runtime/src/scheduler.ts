@@ -166,10 +166,17 @@ export class Scheduler {
   bytesFor(promptTokens: number, maxTokens: number): number {
     const model = this.engine.loaded.model;
     const codec = codecFor(this.engine.kvMode);
+    const sliding = this.engine.kvSlidingMode ? codecFor(this.engine.kvSlidingMode) : codec;
     const n = promptTokens + maxTokens;
     let total = 0;
     for (const s of model.specs.slice(0, model.firstShared)) {
-      const per = codec.bytesPerToken({ batch: 1, kvHeads: s.numKvHeads, kHeadDim: s.headDim, vHeadDim: s.headDim, dtype: "bfloat16" });
+      const per = (s.type === "sliding_attention" ? sliding : codec).bytesPerToken({
+        batch: 1,
+        kvHeads: s.numKvHeads,
+        kHeadDim: s.headDim,
+        vHeadDim: s.headDim,
+        dtype: "bfloat16",
+      });
       const tokens = s.window !== null ? Math.min(n, s.window + maxTokens) : this.engine.maxKvSize ? Math.min(n, this.engine.maxKvSize) : n;
       total += per * tokens;
     }

@@ -27,7 +27,9 @@ for (const dir of dirList.split(",")) {
     const leader = group.size() > 1 ? new LeaderModel(loaded.model, tp) : undefined;
     try {
       for (const kv of kvList.split(",")) {
-        const engine = new Engine(loaded, { kv, prefillStep, ...(leader ? { stepModel: leader } : {}) });
+        // "X~Y": kv X with the sliding layers in Y (kvSliding); plain "X": the engine's default (quantized X: sliding layers bf16).
+        const [full, sliding] = kv.split("~") as [string, string | undefined];
+        const engine = new Engine(loaded, { kv: full, prefillStep, ...(sliding ? { kvSliding: sliding } : {}), ...(leader ? { stepModel: leader } : {}) });
         const s = engine.generate({ promptIds: prompt, maxTokens, sampling: { temperature: 0 }, logprobs: 2 });
         // The gap between the best and the second-best log-probability of every greedy pick.
         const margins: number[] = [];

@@ -1,5 +1,6 @@
 // Tensor-parallel Gemma 4 over the ring backend on loopback: 2 and 3 ranks give the same greedy
-// tokens as the single-process run, for each variant and a 4-bit checkpoint, bf16 and q8 KV caches.
+// tokens as the single-process run, for each variant and a 4-bit checkpoint, bf16 and q8 KV caches
+// (q8 on the full-attention layers with the sliding layers bf16, the default, and q8 on every layer).
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -67,10 +68,11 @@ async function runRanks(n: number, args: string[]): Promise<Out[]> {
   }
 }
 
-const KV = ["bf16", "q8"];
+// "q8": the sliding layers bf16 (the default; the step protocol carries their mode); "q8~q8": every layer q8.
+const KV = ["bf16", "q8", "q8~q8"];
 const VARIANTS = ["small", "dense", "moe", "small4bit"];
 describe("tensor-parallel Gemma 4 (ring backend, loopback)", () => {
-  test("each variant and 4-bit weights: greedy tokens of 2 and 3 ranks equal the single-process run (KV bf16, q8)", async () => {
+  test("each variant and 4-bit weights: greedy tokens of 2 and 3 ranks equal the single-process run (KV bf16, q8, q8 on the sliding layers too)", async () => {
     // One process per rank runs all three variants in turn (process start and MLX init dominate).
     // Prefill in chunks of 8 so chunked prefill, the sliding window and decode all cross ranks.
     const dirs = VARIANTS.map((v) => models.path(v));

@@ -101,8 +101,9 @@ describe("generation", () => {
 
 describe("faults", () => {
   test("a generation fault is an error of the stream (alone and batched), not a cancelled result; the scheduler keeps serving", async () => {
-    // A KV mode the model cannot hold is refused at load (q8 needs head dims divisible by 64; the tiny model's sliding layers have 32).
-    expect(() => Engine.load(models.path("small"), { kv: "q8" })).toThrow(/group size 64/);
+    // A KV mode the model cannot hold is refused at load (q8 needs head dims divisible by 64; the
+    // tiny model's sliding layers have 32, which a quantized kv leaves bf16 unless kvSliding says so).
+    expect(() => Engine.load(models.path("small"), { kv: "q8", kvSliding: "q8" })).toThrow(/group size 64/);
     // A forward pass that fails mid-generation.
     const loaded = (await import("@mlx-bun/models")).loadModel(models.path("small"));
     const failing = {

@@ -80,8 +80,18 @@ describe("MTP drafters: the same drafted and accepted tokens as mlx-vlm's MTP pa
 
 describe("MTP drafters: greedy output equals plain greedy output", () => {
   test("every KV mode whose caches trim, prompts that wrap the window before and during decoding; memory returns to its baseline", async () => {
-    for (const kv of ["bf16", "q8", "turbo:4,3"]) {
-      for (const opts of [{ kv }, { kv, maxKvSize: 16 }]) {
+    // Quantized modes on every layer (kvSliding: the sliding layers' rotating caches quantized and
+    // trimmed too), and turbo:4,3's default, whose sliding layers keep the model dtype.
+    for (const [kv, kvSliding] of [
+      ["bf16", "bf16"],
+      ["q8", "q8"],
+      ["turbo:4,3", "turbo:4,3"],
+      ["turbo:4,3", undefined],
+    ] as const) {
+      for (const opts of [
+        { kv, ...(kvSliding ? { kvSliding } : {}) },
+        { kv, ...(kvSliding ? { kvSliding } : {}), maxKvSize: 16 },
+      ]) {
         using t = Engine.load(models.path("small"), opts);
         using a1 = loadAssistant(models.path("small-mtp"));
         using a2 = loadAssistant(models.path("small-mtp-echo"));
@@ -159,8 +169,12 @@ describe("MTP drafters: speculative rows inside the continuous batch", () => {
 
   test("greedy: every row's tokens are its plain greedy tokens (mlx-lm's for bf16 KV), every KV mode, a bounded window; memory returns to its baseline", async () => {
     const golden = reqs().map((r) => mlxLmGenerate(models.path("small"), r.promptIds, r.maxTokens).tokens);
+    // Every layer in the mode (kvSliding: the sliding layers' rotating caches quantized too).
     for (const kv of ["bf16", "q8", "turbo:4,3"]) {
-      for (const opts of [{ kv }, { kv, maxKvSize: 16 }]) {
+      for (const opts of [
+        { kv, kvSliding: kv },
+        { kv, kvSliding: kv, maxKvSize: 16 },
+      ]) {
         using t = Engine.load(models.path("small"), opts);
         // Plain greedy tokens of each request (the penalty row's with its penalty).
         const plain: number[][] = [];

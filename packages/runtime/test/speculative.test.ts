@@ -26,9 +26,10 @@ describe("greedy speculative output equals plain greedy output", () => {
   for (const variant of ["small", "dense", "moe"]) {
     for (const kv of variant === "small" ? ["bf16", "q8", "turbo:4,3"] : ["bf16", "q8"]) {
       test(`${variant}, KV ${kv}: quantized draft (partial acceptance) and a smaller random draft (rejections)`, async () => {
-        using target = Engine.load(models.path(variant), { kv });
-        using close = Engine.load(models.path(`${variant}-draft4bit`), { kv });
-        using small = Engine.load(models.path("draft-small"), { kv });
+        // Every layer in the mode: the sliding layers' rotating caches quantized (and rewound) too.
+        using target = Engine.load(models.path(variant), { kv, kvSliding: kv });
+        using close = Engine.load(models.path(`${variant}-draft4bit`), { kv, kvSliding: kv });
+        using small = Engine.load(models.path("draft-small"), { kv, kvSliding: kv });
         for (const prompt of [LONG, SHORT]) {
           const req = { promptIds: prompt, maxTokens: 12 };
           const plain = await tokens(target, req);

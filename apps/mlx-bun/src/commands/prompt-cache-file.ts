@@ -45,7 +45,7 @@ function sameModel(fileModel: string, given: string, resolved: ResolvedModel): b
  * signatures; mlx-lm's QuantizedKVCache layers mean --kv-bits with their bits and group size.
  * Flags that contradict the file are errors, as mlx_lm's (--kv-bits / --kv-group-size mismatch).
  */
-export function kvForCacheFile(info: KvStoreInfo, o: ModelOptions): { kv?: KvMode; quantizedKv?: EngineOptions["quantizedKv"] } {
+export function kvForCacheFile(info: KvStoreInfo, o: ModelOptions): { kv?: KvMode; kvSliding?: KvMode; quantizedKv?: EngineOptions["quantizedKv"] } {
   const start = o.quantizedKvStart ?? 5000;
   if (info.format === "mlx-lm") {
     const q = info.layers.find((l) => l.class === "QuantizedKVCache");
@@ -59,8 +59,13 @@ export function kvForCacheFile(info: KvStoreInfo, o: ModelOptions): { kv?: KvMod
     }
     return { quantizedKv: { bits, groupSize, start } };
   }
-  // Ours: the first non-rotating layer's signature names the mode (rotating layers share its codec).
+  // Ours: the first non-rotating layer's signature names the mode.
   const sig = info.layers.map((l) => l.signature ?? "").find((s) => !s.startsWith("rotating:")) ?? info.layers[0]?.signature ?? "";
+  // The rotating (sliding-window) layers are plain unless --kv-sliding quantized them (or a file
+  // from before that default): their one quantized codec is the sliding mode the file needs.
+  const rotating = new Set(info.layers.map((l) => /^rotating:\d+:\d+:(.*)$/.exec(l.signature ?? "")?.[1]).filter((c) => c !== undefined));
+  const slidingCodec = rotating.size === 1 && !rotating.has("kv:plain") ? [...rotating][0]! : undefined;
+  const kvSliding = slidingCodec ? codecMode(slidingCodec) : undefined;
   let m: RegExpExecArray | null;
   if ((m = /^kv:plain>quant:(\d+):(\d+)@(\d+)$/.exec(sig))) {
     const bits = Number(m[1]);
@@ -73,9 +78,16 @@ export function kvForCacheFile(info: KvStoreInfo, o: ModelOptions): { kv?: KvMod
     }
     return { quantizedKv: { bits, groupSize, start: fileStart } };
   }
-  if ((m = /kv:quant:(\d+):(\d+)$/.exec(sig))) return { kv: { kind: "affine", bits: Number(m[1]), groupSize: Number(m[2]) } };
-  if ((m = /kv:turboquant:(\d+):(\d+)/.exec(sig))) return { kv: { kind: "turbo", kBits: Number(m[1]), vBits: Number(m[2]) } };
-  return {};
+  const kv = codecMode(sig);
+  return { ...(kv ? { kv } : {}), ...(kvSliding && o.kvSliding === undefined ? { kvSliding } : {}) };
+}
+
+/** The KV mode of a codec named in a signature (kv:quant:<bits>:<group>, kv:turboquant:<k>:<v>). */
+function codecMode(sig: string): KvMode | undefined {
+  let m: RegExpExecArray | null;
+  if ((m = /kv:quant:(\d+):(\d+)$/.exec(sig))) return { kind: "affine", bits: Number(m[1]), groupSize: Number(m[2]) };
+  if ((m = /kv:turboquant:(\d+):(\d+)/.exec(sig))) return { kind: "turbo", kBits: Number(m[1]), vBits: Number(m[2]) };
+  return undefined;
 }
 
 /** Map the file's caches into caches of `engine` (fingerprint, signatures and shapes checked). */
