@@ -23,8 +23,8 @@ NCU="${NCU:-/usr/local/cuda/bin/ncu}"
 STEPS="${STEPS:-check bench ncu12b ncu1b host}"
 DEADLINE="${DEADLINE:-560}"
 B=.native/bin/bun
-M1=.native/bench-models/gemma4-1b-4bit
-M12=.native/bench-models/gemma4-12b-4bit
+M1="${M1:-.native/bench-models/gemma4-1b-4bit}"
+M12="${M12:-.native/bench-models/gemma4-12b-4bit}"  # M12=/tmp/m12full reuses long-context-h200.sh's checkpoint
 mkdir -p "$OUT"
 log() { echo "[qmv-h200 +${SECONDS}s] $*"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
