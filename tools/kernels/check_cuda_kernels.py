@@ -200,7 +200,8 @@ def affine_cases():
 
 def turbo_cases():
     for dt in (mx.bfloat16, mx.float16, mx.float32):
-        for i, shape in enumerate(DECODE_SHAPES + [(1, 8, 1, 512, 300, "bool"), BIG]):
+        # D512: 3-bit values (48 bits a lane) and 4/2-bit ones (64 / 32 bits a lane, the widest span).
+        for i, shape in enumerate(DECODE_SHAPES + [(1, 8, 1, 512, 300, "bool"), (2, 8, 2, 512, 70, "additive"), BIG]):
             for k_bits, v_bits in [(8, 4), (4, 3), (4, 2), (2, 3)]:
                 if (i + k_bits + v_bits) % 2 or (shape == BIG and (k_bits, v_bits) != (4, 3)):
                     continue

@@ -2,7 +2,7 @@
 // check_cuda_kernels.py --emulate can compile a body with g++ exactly as MLX's cuda_kernel
 // wraps it (same generated signature) and run it on a machine without a GPU. Every thread of a
 // block is a fiber (ucontext); blocks are spread over a few OS threads. __syncthreads parks a
-// thread until every live thread of the block has arrived. __shfl_xor_sync is a
+// thread until every live thread of the block has arrived. __shfl_xor_sync / __shfl_sync are a
 // two-phase exchange: write the lane's slot, yield, read the partner's, yield. The scheduler
 // runs every live lane of a warp once per round, so lanes must reach each shuffle together (as
 // on a GPU, where all 32 lanes are named in the mask); a lane that does not is reported.
@@ -136,6 +136,16 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
   emu::block->slots[emu::tid] = v;
   emu::yield();
   float r = emu::block->slots[warp + ((emu::tid & 31) ^ off)];
+  emu::yield();
+  return r;
+}
+
+/** Lane `src` of the warp's `v`, the same two-phase exchange. */
+inline float __shfl_sync(unsigned, float v, int src) {
+  const int warp = emu::tid & ~31;
+  emu::block->slots[emu::tid] = v;
+  emu::yield();
+  float r = emu::block->slots[warp + (src & 31)];
   emu::yield();
   return r;
 }

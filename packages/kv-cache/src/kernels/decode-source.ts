@@ -24,6 +24,8 @@ interface Ops {
   /** Max / sum of one float across the warp, every lane getting the result. */
   warpMax: (x: string) => string;
   warpSum: (x: string) => string;
+  /** Lane `src`'s float `v`, read by every lane (all 32 reach it together: warp-uniform control flow). */
+  shuffle: (v: string, src: string) => string;
   /**
    * Put before loops over template constants: fully unrolled, the register arrays they index stay
    * in registers (a loop the compiler leaves rolled indexes them in local memory). Empty on Metal,
@@ -55,6 +57,7 @@ const OPS: Record<Backend, Ops> = {
     }`,
     warpMax: (x) => `for (int off = 16; off > 0; off >>= 1) ${x} = fmaxf(${x}, __shfl_xor_sync(0xffffffffu, ${x}, off));`,
     warpSum: (x) => `for (int off = 16; off > 0; off >>= 1) ${x} += __shfl_xor_sync(0xffffffffu, ${x}, off);`,
+    shuffle: (v, src) => `__shfl_sync(0xffffffffu, ${v}, ${src})`,
     unroll: "#pragma unroll",
   },
   // Metal: simdgroups are 32 lanes of consecutive thread indices of a 1-D threadgroup.
@@ -74,6 +77,7 @@ const OPS: Record<Backend, Ops> = {
     warpSums: (x) => `for (int j = 0; j < NT; ++j) for (int r = 0; r < REPS; ++r) ${x}[j][r] = metal::simd_sum(${x}[j][r]);`,
     warpMax: (x) => `${x} = metal::simd_max(${x});`,
     warpSum: (x) => `${x} = metal::simd_sum(${x});`,
+    shuffle: (v, src) => `metal::simd_shuffle(${v}, (ushort)(${src}))`,
     unroll: "",
   },
 };
@@ -113,24 +117,66 @@ export function affineDecode(w: string, s: string, bias: string, out: string, n:
     }`;
 }
 
+/** A decoder's text: `decode` per token of a tile, `prelude` once per lane before the token loop. */
+export interface Decoder {
+  prelude: string;
+  decode: string;
+}
+
 /**
  * TurboQuant value decode (the rotated value, as turbo_values): code d is bits [d·VB, +VB) of
- * the row's little-endian byte stream (a 3-bit code may straddle two bytes); value =
- * centroid · scale rounded to T, exactly the reference's rounding.
+ * the row's little-endian byte stream; value = centroid · scale rounded to T, exactly the
+ * reference's rounding. Lane c holds centroid c mod NC, so per token every lane rounds its
+ * centroid × row scale once and an element's value is a shuffle from lane `code`; the lane's
+ * EV codes come from one read of the bytes spanning its EV·VB bits into a uint64_t (byte loads,
+ * a dependent centroid load and a rounding per element had made the kernel issue-bound on the
+ * H200).
  */
-export const TURBO_VALUE_DECODE: string = `
+export function turboValueDecoder(backend: Backend): Decoder {
+  const prelude = `
+  constexpr int NC = 1 << VB;
+  constexpr int VBITS = EV * VB;
+  // A lane's codes start at bit lane·VBITS; the worst start within a byte over the lanes is
+  // 8 − (largest power of two ≤ 8 dividing VBITS), so VSPAN bits cover any lane's bytes.
+  constexpr int VLOW = VBITS & -VBITS;
+  constexpr int VSPAN = VBITS + (VLOW >= 8 ? 0 : 8 - VLOW);
+  // Every supported (DV, VB) fits one uint64_t (at most 64 bits); otherwise codes are read per element.
+  constexpr bool VFIT = VSPAN <= 64;
+  constexpr int VNB = VFIT ? (VSPAN + 7) / 8 : 0;
+  const float cent = centroids[lane & (NC - 1)];
+  const int vBit0 = lane * VBITS;
+  const int vByte0 = vBit0 >> 3;
+  const int vEnd = (vBit0 + VBITS + 7) >> 3;`;
+  const decode = `
     {
       const int64_t cr = b * vc_strides[0] + h * vc_strides[1] + t * vc_strides[2];
       const float rowScale = static_cast<float>(vs[b * vs_strides[0] + h * vs_strides[1] + t * vs_strides[2]]);
+      // The same float32 product and rounding to T as the reference, once per lane and token.
+      const float tv = static_cast<float>(static_cast<T>(cent * rowScale));
+      uint64_t vbits = 0;
+      ${UNROLL}
+      for (int k = 0; k < VNB; ++k) {
+        // A lane needs VNB - 1 or VNB bytes: only the last may lie past its span (and the row).
+        if (k + 1 < VNB || vByte0 + k < vEnd) vbits |= (uint64_t)vc[cr + (vByte0 + k) * vc_strides[3]] << (8 * k);
+      }
+      vbits >>= (vBit0 & 7);
       ${UNROLL}
       for (int i = 0; i < EV; ++i) {
-        const int bit = (lane * EV + i) * VB;
-        uint32_t word = (uint32_t)vc[cr + (bit >> 3) * vc_strides[3]];
-        if ((bit & 7) + VB > 8) word |= ((uint32_t)vc[cr + ((bit >> 3) + 1) * vc_strides[3]]) << 8;
-        const int code = (int)((word >> (bit & 7)) & ((1u << VB) - 1u));
-        vf[j][i] = static_cast<float>(static_cast<T>(centroids[code] * rowScale));
+        int code;
+        if (VFIT) {
+          code = (int)((vbits >> (i * VB)) & (uint64_t)(NC - 1));
+        } else {
+          // A 3-bit code may straddle two bytes.
+          const int bit = vBit0 + i * VB;
+          uint32_t word = (uint32_t)vc[cr + (bit >> 3) * vc_strides[3]];
+          if ((bit & 7) + VB > 8) word |= ((uint32_t)vc[cr + ((bit >> 3) + 1) * vc_strides[3]]) << 8;
+          code = (int)((word >> (bit & 7)) & (uint32_t)(NC - 1));
+        }
+        vf[j][i] = ${OPS[backend].shuffle("tv", "code")};
       }
     }`;
+  return { prelude, decode };
+}
 
 /**
  * Pass 1. A threadgroup of WARPS warps takes WARPS consecutive runs of tokens for one
@@ -144,9 +190,10 @@ export const TURBO_VALUE_DECODE: string = `
  * Then the warps' (m, l, o) are merged in threadgroup memory and the threadgroup writes one
  * partial; pass 2 (decode-combine.ts) merges those.
  * Templates: T, DK, DV, NREP (query heads per KV head), REPS, NT, MASK_MODE (1 boolean,
- * 2 additive) and the decoders' own.
+ * 2 additive) and the decoders' own. `valuePrelude` (a decoder's per-lane set-up, e.g. the
+ * TurboQuant centroid) goes before the token loop, where its loads are paid once per run.
  */
-export function partialsSource(backend: Backend, keyDecode: string, valueDecode: string): string {
+export function partialsSource(backend: Backend, keyDecode: string, valueDecode: string, valuePrelude = ""): string {
   const o = OPS[backend];
   const text = `${o.prelude}
   constexpr int WARPS = ${WARPS};
@@ -182,7 +229,7 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
   const int64_t t0l = ((int64_t)tg * WARPS + wid) * RUN;
   const int t0 = t0l < T_LEN ? (int)t0l : T_LEN;
   const int t1 = (t0 + RUN < T_LEN) ? t0 + RUN : T_LEN;
-  const int64_t mrow = (mask_shape[0] == 1 ? 0 : b) * mask_strides[0];
+  const int64_t mrow = (mask_shape[0] == 1 ? 0 : b) * mask_strides[0];${valuePrelude}
   for (int tb = t0; tb < t1; tb += NT) {
     float kf[NT][EK];
     float vf[NT][EV];

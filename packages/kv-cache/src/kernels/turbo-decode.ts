@@ -6,14 +6,17 @@ import * as mx from "@mlx-bun/mlx-ops";
 import type { Mask } from "../types.ts";
 import { decodeTwoPass } from "./decode-combine.ts";
 import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
-import { affineDecode, type Backend, partialsSource, TURBO_VALUE_DECODE } from "./decode-source.ts";
+import { affineDecode, type Backend, partialsSource, turboValueDecoder } from "./decode-source.ts";
 import { turboValuesKernel } from "./turbo-values.ts";
 
 /** Key bit widths the kernel decodes (3-bit keys stay unfused); every value width (2, 3, 4) is taken. */
 export const TURBO_DECODE_K_BITS: readonly number[] = [2, 4, 8];
 const K_GROUP = 32;
 
-const source = (b: Backend): string => partialsSource(b, affineDecode("kw", "ks", "kb", "kf[j]", "EK", "BK", "GK"), TURBO_VALUE_DECODE);
+const source = (b: Backend): string => {
+  const v = turboValueDecoder(b);
+  return partialsSource(b, affineDecode("kw", "ks", "kb", "kf[j]", "EK", "BK", "GK"), v.decode, v.prelude);
+};
 
 interface Shapes {
   plan: DecodePlan;
