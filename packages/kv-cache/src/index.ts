@@ -14,7 +14,7 @@ export {
   quantizedKeyAttention,
   tiledAttention,
 } from "./affine.ts";
-export { type KvPrefillSetting, PREFILL_SDPA_MIN_QUERIES, kvPrefill, setKvPrefill } from "./prefill-attention.ts";
+export { type KvPrefillSetting, PREFILL_SDPA_MIN_QUERIES, kvPrefill, setKvPrefill, setPrefillScoreBudget } from "./prefill-attention.ts";
 export { type DenseDecodeSetting, denseDecode, setDenseDecode } from "./kernels/dense-decode.ts";
 export type { QuantTriple } from "./quant-triple.ts";
 export { TURBO_K_BITS, TURBO_K_GROUP, TURBO_V_BITS, turboQuantCodec, type TurboQuantCodec, type TurboQuantOptions } from "./turboquant.ts";

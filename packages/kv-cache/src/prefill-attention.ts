@@ -46,10 +46,55 @@ export function prefillTakesSdpa(q: MlxArray): boolean {
 }
 
 /**
+ * Most bytes of attention scores [B, Hq, rows, T] one SDPA call of `sdpaOverDecoded` may imply.
+ * MLX's fast SDPA has no fused kernel for head dims over 128 on CUDA (cuDNN's limit) and falls
+ * back to scores, masked scores and probabilities in full: at 128k tokens a 2,048-token chunk of 16
+ * heads is ~26 GB of transients, half the peak memory of the 12B-shaped model on the H200.
+ */
+let scoreBudget = 1 << 30;
+
+/** Set the score budget of one SDPA call (bytes; undefined: 1 GiB). For tests and measurements. */
+export function setPrefillScoreBudget(bytes: number | undefined): void {
+  if (bytes !== undefined && !(Number.isInteger(bytes) && bytes > 0))
+    throw new RangeError(`prefill score budget must be a positive integer of bytes, got ${bytes}`);
+  scoreBudget = bytes ?? 1 << 30;
+}
+
+/**
  * softmax(scale · q Kᵀ + mask) V by fast SDPA, with `keys` and `values` the dequantized planes
  * [B, Hkv, T, D] in the queries' dtype (GQA as SDPA does it). The mask is the view's: "causal"
- * (bottom-right), a boolean or additive array, or null.
+ * (bottom-right), a boolean or additive array, or null. A chunk whose scores would pass the
+ * budget attends in blocks of query rows (each row's softmax is its own, so the blocks give the
+ * rows of the whole; a causal block attends only the keys up to its last row).
  */
 export function sdpaOverDecoded(q: MlxArray, keys: MlxArray, values: MlxArray, scale: number, mask: Mask): MlxArray {
-  return mx.fast.scaled_dot_product_attention(q, keys, values, { scale, mask });
+  const [B, HQ, L] = q.shape as [number, number, number];
+  const T = keys.shape[2]!;
+  const perRow = B * HQ * T * q.itemsize;
+  const rows = Math.max(1, Math.floor(scoreBudget / perRow));
+  if (rows >= L) return mx.fast.scaled_dot_product_attention(q, keys, values, { scale, mask });
+  const outs: MlxArray[] = [];
+  try {
+    for (let a = 0; a < L; a += rows) {
+      const b = Math.min(L, a + rows);
+      using qb = mx.slice(q, [0, 0, a, 0], [B, HQ, b, q.shape[3]!]);
+      if (mask === "causal") {
+        // Bottom-right causal: row i sees keys up to T − L + i, so rows [a, b) need the first T − L + b.
+        const t = T - L + b;
+        using kb = mx.slice(keys, [0, 0, 0, 0], [keys.shape[0]!, keys.shape[1]!, t, keys.shape[3]!]);
+        using vb = mx.slice(values, [0, 0, 0, 0], [values.shape[0]!, values.shape[1]!, t, values.shape[3]!]);
+        outs.push(mx.fast.scaled_dot_product_attention(qb, kb, vb, { scale, mask: "causal" }));
+      } else if (mask !== null && mask.shape.at(-2) === L && L > 1) {
+        const m = mask.shape.map((n, i) => (i === mask.ndim - 2 ? b : n));
+        const start = mask.shape.map((_, i) => (i === mask.ndim - 2 ? a : 0));
+        using mb = mx.slice(mask, start, m);
+        outs.push(mx.fast.scaled_dot_product_attention(qb, keys, values, { scale, mask: mb }));
+      } else {
+        outs.push(mx.fast.scaled_dot_product_attention(qb, keys, values, { scale, mask }));
+      }
+    }
+    return mx.concatenate(outs, 2);
+  } finally {
+    for (const o of outs) o.dispose();
+  }
 }

@@ -15,11 +15,15 @@ import {
   createCausalMask,
   kvPrefill,
   setKvPrefill,
+  setPrefillScoreBudget,
   turboQuantCodec,
 } from "../src/index.ts";
 import { exactDiff, relativeError } from "../../../tools/oracle/compare.ts";
 
-afterEach(() => setKvPrefill(undefined));
+afterEach(() => {
+  setKvPrefill(undefined);
+  setPrefillScoreBudget(undefined);
+});
 
 function rand(shape: number[], seed: number, dtype: "bfloat16" | "float32"): MlxArray {
   using key = mx.random.key(seed);
@@ -110,6 +114,44 @@ describe("float32: the SDPA prefill path equals the exact path bit for bit on th
     using a = sdpa;
     using b = exact;
     expect(exactDiff(a, b)).toBeNull();
+  });
+});
+
+describe("chunks attended in blocks of query rows (the score budget)", () => {
+  // Each row's softmax is its own, so blocks of rows give the rows of the whole chunk; a causal
+  // block attends only the keys up to its last row (the rest are masked out, exp(-inf) = 0). On
+  // the CPU in float32 the blocks reproduce the unblocked output bit for bit.
+  const onCpu = mx.kernels.gpu_backend() === null;
+  const additive = (_: Cache, n: number): Mask => {
+    using bm = createCausalMask(n, 40, 30);
+    using z = mx.zeros([1], "float32");
+    return mx.where(bm, z, -1e9);
+  };
+  for (const c of [cases[0]!, cases[4]!]) {
+    for (const [mname, maskFor, L, rotating] of [
+      ["causal", causal, 48, false],
+      ["sliding window 24 (array mask)", windowed, 48, false],
+      ["additive mask", additive, 40, false],
+      ["no mask", () => null, 48, false],
+      ["rotating, chunk longer than the window", windowed, 70, true],
+    ] as const) {
+      test.runIf(onCpu)(`${c.name}, ${mname}`, () => {
+        setPrefillScoreBudget(undefined);
+        const whole = both(c, "float32", L, maskFor, rotating);
+        // 7 rows a block: T = 40 + L keys (fewer when rotating), 8 heads, 4 bytes.
+        setPrefillScoreBudget(7 * HQ * (40 + L) * 4);
+        const blocked = both(c, "float32", L, maskFor, rotating);
+        using a = whole.sdpa;
+        using b = blocked.sdpa;
+        whole.exact.dispose();
+        blocked.exact.dispose();
+        expect(exactDiff(b, a)).toBeNull();
+      });
+    }
+  }
+  test("the budget must be a positive integer of bytes", () => {
+    expect(() => setPrefillScoreBudget(0)).toThrow(/positive integer of bytes, got 0/);
+    expect(() => setPrefillScoreBudget(1.5)).toThrow(/got 1.5/);
   });
 });
 
