@@ -67,6 +67,11 @@ if (DECODE < 2) throw new Error("--decode-tokens must be at least 2");
 const T0 = performance.now();
 const elapsed = (): number => (performance.now() - T0) / 1000;
 const log = (s: string): void => console.error(`[long-context +${elapsed().toFixed(0)}s] ${s}`);
+const median = (xs: number[]): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  const k = s.length >> 1;
+  return s.length % 2 ? s[k]! : (s[k - 1]! + s[k]!) / 2;
+};
 
 // ------------------------------------------------------------------------------------------
 // One variant of mlx-bun: prefill, teacher-forced pass, rewind, timed decode
@@ -85,6 +90,9 @@ interface Measured {
   peakBytes: number;
   kl?: number[];
   agree?: number;
+  /** Unpipelined steps of the untimed pass, median ms: graph building, and building + evaluation. */
+  passBuildMs?: number;
+  passStepMs?: number;
 }
 
 /**
@@ -105,18 +113,29 @@ function lastStep(logits: MlxArray): { lp: MlxArray; token: MlxArray } {
  * tokens and log-probs returned. With `ref`: ref's tokens fed (teacher-forced), KL(ref ‖ this)
  * and argmax agreement per step.
  */
-function forcedPass(e: Engine, caches: Cache[], last: number, ref: Reference | null): { ref?: Reference; kl?: number[]; agree?: number } {
+function forcedPass(
+  e: Engine,
+  caches: Cache[],
+  last: number,
+  ref: Reference | null,
+): { ref?: Reference; kl?: number[]; agree?: number; passBuildMs?: number; passStepMs?: number } {
   const tokens: number[] = [];
+  // Each step is unpipelined (built, evaluated, read): its graph building against its whole time
+  // says whether a mode's decode is paced by the host or by the GPU at this context.
+  const build: number[] = [];
+  const whole: number[] = [];
   const logprobs: Float32Array[] = [];
   const kl: number[] = [];
   let agree = 0;
   let input = last;
   for (let i = 0; i < DECODE; i++) {
+    const t0 = performance.now();
     using ids = MlxArray.fromNumbers([input], [1, 1], "int32");
     using logits = e.forward(ids, caches);
     const step = lastStep(logits);
     using lp = step.lp;
     using am = step.token;
+    build.push(performance.now() - t0);
     if (!ref) {
       evaluate(lp, am);
       const tok = am.item();
@@ -134,8 +153,10 @@ function forcedPass(e: Engine, caches: Cache[], last: number, ref: Reference | n
       if (am.item() === ref.tokens[i]) agree++;
       input = ref.tokens[i]!;
     }
+    whole.push(performance.now() - t0);
   }
-  return ref ? { kl, agree: agree / DECODE } : { ref: { tokens, logprobs } };
+  const phases = { passBuildMs: median(build), passStepMs: median(whole) };
+  return ref ? { kl, agree: agree / DECODE, ...phases } : { ref: { tokens, logprobs }, ...phases };
 }
 
 async function runVariant(
@@ -205,6 +226,7 @@ async function runVariant(
       peakBytes: Math.max(peakPrefill, memory.peak()),
       ...(pass.ref ? { ref: pass.ref } : {}),
       ...(pass.kl ? { kl: pass.kl, agree: pass.agree } : {}),
+      ...(pass.passBuildMs !== undefined ? { passBuildMs: pass.passBuildMs, passStepMs: pass.passStepMs } : {}),
     };
   } finally {
     setDenseDecode(undefined);
@@ -231,6 +253,9 @@ interface Result {
   klMax?: number;
   kl?: number[];
   argmaxAgree?: number;
+  /** The untimed pass's unpipelined steps (median ms): graph building, and building + evaluation. */
+  passBuildMs?: number;
+  passStepMs?: number;
   /** The timed decode's greedy tokens equal bf16's teacher-forcing reference (bf16: a check of the rewind; other variants: their own greedy tokens, which may differ). */
   tokensMatchBf16?: boolean;
   startedAtS?: number;
@@ -263,12 +288,6 @@ if (WARMUP) {
   log("warm-up done");
 }
 
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  const k = s.length >> 1;
-  return s.length % 2 ? s[k]! : (s[k - 1]! + s[k]!) / 2;
-};
-
 /** One row per (length, variant): medians over the repetitions that ran. */
 function summary(): Array<Omit<Result, "rep" | "kl" | "startedAtS" | "wallS"> & { reps: number }> {
   const out: Array<Omit<Result, "rep" | "kl" | "startedAtS" | "wallS"> & { reps: number }> = [];
@@ -298,6 +317,9 @@ function summary(): Array<Omit<Result, "rep" | "kl" | "startedAtS" | "wallS"> & 
         decodeTokens: ok[0]!.decodeTokens,
         peakBytes: Math.max(...ok.map((r) => r.peakBytes!)),
         ...(withKl ? { klMean: withKl.klMean, klMax: withKl.klMax, argmaxAgree: withKl.argmaxAgree } : {}),
+        ...(ok.find((r) => r.passBuildMs !== undefined)
+          ? { passBuildMs: ok.find((r) => r.passBuildMs !== undefined)!.passBuildMs, passStepMs: ok.find((r) => r.passBuildMs !== undefined)!.passStepMs }
+          : {}),
         ...(ok[0]!.tokensMatchBf16 !== undefined ? { tokensMatchBf16: ok.every((r) => r.tokensMatchBf16) } : {}),
       });
     }
@@ -309,23 +331,24 @@ function markdown(): string {
   const lines = [
     header,
     "",
-    "Prefill tok/s = prompt tokens / time to the first token; decode tok/s = tokens after the first / time from the first to the last; peak = MLX peak memory of the variant (weights included); KL(bf16 ‖ mode) in nats over the decode steps, teacher-forced on bf16's greedy tokens (mean / max), and argmax = bf16's.",
+    "Prefill tok/s = prompt tokens / time to the first token; decode tok/s = tokens after the first / time from the first to the last; peak = MLX peak memory of the variant (weights included); KL(bf16 ‖ mode) in nats over the decode steps, teacher-forced on bf16's greedy tokens (mean / max), and argmax = bf16's; pass ms = the untimed pass's unpipelined step (median): graph building / building + evaluation (the KL's few ops included for the quantized modes).",
     "",
-    "| prompt | KV | prefill tok/s | vs bf16 | decode tok/s | vs bf16 | peak GB | vs bf16 | KL mean / max | argmax = bf16 |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| prompt | KV | prefill tok/s | vs bf16 | decode tok/s | vs bf16 | peak GB | vs bf16 | KL mean / max | argmax = bf16 | pass ms build / step |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
   ];
   const f1 = (x: number): string => x.toFixed(1);
   for (const r of rows) {
     const bf = rows.find((x) => x.length === r.length && x.variant === "bf16" && x.status === "ok");
     const ratio = (a: number | undefined, b: number | undefined): string => (a !== undefined && b ? (a / b).toFixed(2) : "—");
     if (r.status !== "ok") {
-      lines.push(`| ${r.length} | ${r.variant} | ${r.status}${r.error ? ` (${r.error.split("\n")[0]!.slice(0, 80)})` : ""} | | | | | | | |`);
+      lines.push(`| ${r.length} | ${r.variant} | ${r.status}${r.error ? ` (${r.error.split("\n")[0]!.slice(0, 80)})` : ""} | | | | | | | | |`);
       continue;
     }
     const kl = r.klMean !== undefined ? `${r.klMean.toExponential(2)} / ${r.klMax!.toExponential(2)}` : "—";
     const agree = r.argmaxAgree !== undefined ? `${(100 * r.argmaxAgree).toFixed(0)}%` : "—";
+    const pass = r.passBuildMs !== undefined ? `${r.passBuildMs.toFixed(2)} / ${r.passStepMs!.toFixed(2)}` : "—";
     lines.push(
-      `| ${r.length} | ${r.variant} | ${f1(r.prefillTokPerS!)} | ${ratio(r.prefillTokPerS, bf?.prefillTokPerS)} | ${f1(r.decodeTokPerS!)} | ${ratio(r.decodeTokPerS, bf?.decodeTokPerS)} | ${(r.peakBytes! / 1e9).toFixed(2)} | ${ratio(r.peakBytes, bf?.peakBytes)} | ${kl} | ${agree} |`,
+      `| ${r.length} | ${r.variant} | ${f1(r.prefillTokPerS!)} | ${ratio(r.prefillTokPerS, bf?.prefillTokPerS)} | ${f1(r.decodeTokPerS!)} | ${ratio(r.decodeTokPerS, bf?.decodeTokPerS)} | ${(r.peakBytes! / 1e9).toFixed(2)} | ${ratio(r.peakBytes, bf?.peakBytes)} | ${kl} | ${agree} | ${pass} |`,
     );
   }
   return `${lines.join("\n")}\n`;
@@ -400,6 +423,7 @@ for (const n of LENGTHS) {
             decodeTokens: r.tokens.length,
             peakBytes: r.peakBytes,
             ...(r.kl ? { kl: r.kl, klMean: r.kl.reduce((a, b) => a + b, 0) / r.kl.length, klMax: Math.max(...r.kl), argmaxAgree: r.agree } : {}),
+            ...(r.passBuildMs !== undefined ? { passBuildMs: r.passBuildMs, passStepMs: r.passStepMs } : {}),
             ...(ref ? { tokensMatchBf16: ref.tokens.slice(0, r.tokens.length).every((x, j) => x === r.tokens[j]) } : {}),
           });
         }
