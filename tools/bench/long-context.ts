@@ -307,6 +307,7 @@ function summary(): Array<Omit<Result, "rep" | "kl" | "startedAtS" | "wallS"> & 
         continue;
       }
       const withKl = ok.find((r) => r.klMean !== undefined);
+      const timedPass = ok.find((r) => r.passBuildMs !== undefined);
       out.push({
         length: n,
         variant: v,
@@ -317,9 +318,7 @@ function summary(): Array<Omit<Result, "rep" | "kl" | "startedAtS" | "wallS"> & 
         decodeTokens: ok[0]!.decodeTokens,
         peakBytes: Math.max(...ok.map((r) => r.peakBytes!)),
         ...(withKl ? { klMean: withKl.klMean, klMax: withKl.klMax, argmaxAgree: withKl.argmaxAgree } : {}),
-        ...(ok.find((r) => r.passBuildMs !== undefined)
-          ? { passBuildMs: ok.find((r) => r.passBuildMs !== undefined)!.passBuildMs, passStepMs: ok.find((r) => r.passBuildMs !== undefined)!.passStepMs }
-          : {}),
+        ...(timedPass ? { passBuildMs: timedPass.passBuildMs, passStepMs: timedPass.passStepMs } : {}),
         ...(ok[0]!.tokensMatchBf16 !== undefined ? { tokensMatchBf16: ok.every((r) => r.tokensMatchBf16) } : {}),
       });
     }

@@ -51,13 +51,14 @@ export function prefillTakesSdpa(q: MlxArray): boolean {
  * back to scores, masked scores and probabilities in full: at 128k tokens a 2,048-token chunk of 16
  * heads is ~26 GB of transients, half the peak memory of the 12B-shaped model on the H200.
  */
-let scoreBudget = 1 << 30;
+const DEFAULT_SCORE_BUDGET = 1 << 30;
+let scoreBudget = DEFAULT_SCORE_BUDGET;
 
 /** Set the score budget of one SDPA call (bytes; undefined: 1 GiB). For tests and measurements. */
 export function setPrefillScoreBudget(bytes: number | undefined): void {
   if (bytes !== undefined && !(Number.isInteger(bytes) && bytes > 0))
     throw new RangeError(`prefill score budget must be a positive integer of bytes, got ${bytes}`);
-  scoreBudget = bytes ?? 1 << 30;
+  scoreBudget = bytes ?? DEFAULT_SCORE_BUDGET;
 }
 
 /**

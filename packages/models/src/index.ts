@@ -68,7 +68,7 @@ export type { MultimodalTokens, VisionEncoder } from "./vision/encoder.ts";
 export { bidirectionalVision, expandImageTokens, multimodalInputs, type OwnedForwardInputs } from "./vision/embed.ts";
 export { type ForwardInputs, Gemma4Model } from "./model/gemma4.ts";
 export { type DrafterKv, Gemma4Assistant, isAssistantDir, type LoadedAssistant, loadAssistant } from "./model/assistant.ts";
-export { checkKvMode, type KvMode, codecFor, kvModeName, parseKvMode } from "./model/kv-mode.ts";
+export { checkKvMode, type KvMode, codecFor, kvModeKey, kvModeName, parseKvMode } from "./model/kv-mode.ts";
 export { embed, embedAsLinear, linear, moduleWeights, switchLinear, type ModuleWeights } from "./model/nn.ts";
 export { type LoadedModel, loadModel, loadTextSide } from "./load.ts";
 export { type LoadedAdapter, loadAdapter } from "./lora.ts";

@@ -8,6 +8,7 @@ import {
   checkKvMode,
   type ForwardInputs,
   type KvMode,
+  kvModeKey,
   kvModeName,
   type LoadedModel,
   loadModel,
@@ -205,14 +206,7 @@ export class Engine implements GenerationEngine, Disposable {
 function effectiveSlidingMode(kvMode: KvMode, explicit: KvMode | undefined, hasSliding: boolean): KvMode | undefined {
   if (!hasSliding) return undefined;
   const m = explicit ?? { kind: "bf16" };
-  return sameKvMode(m, kvMode) ? undefined : m;
-}
-
-function sameKvMode(a: KvMode, b: KvMode): boolean {
-  if (a.kind === "bf16" || b.kind === "bf16") return a.kind === b.kind;
-  if (a.kind === "affine" && b.kind === "affine") return a.bits === b.bits && a.groupSize === b.groupSize;
-  if (a.kind === "turbo" && b.kind === "turbo") return a.kBits === b.kBits && a.vBits === b.vBits;
-  return false;
+  return kvModeKey(m) === kvModeKey(kvMode) ? undefined : m;
 }
 
 function defaultBackgroundEval(): boolean {

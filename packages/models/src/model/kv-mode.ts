@@ -27,13 +27,18 @@ export function kvModeName(m: KvMode): string {
   return m.kind === "bf16" ? "bf16" : m.kind === "affine" ? `q${m.bits}` : `turbo:${m.kBits},${m.vBits}`;
 }
 
+/** A key equal for equal modes and different otherwise (kvModeName plus the affine group size). */
+export function kvModeKey(m: KvMode): string {
+  return kvModeName(m) + (m.kind === "affine" ? `:${m.groupSize}` : "");
+}
+
 // One codec per mode for the process: a TurboQuant codec holds device tables (signs,
 // codebooks) that every cache of that mode shares, so they are made once, not per request.
 const codecs = new Map<string, KvCodec>();
 
 export function codecFor(m: KvMode): KvCodec {
   if (m.kind === "bf16") return plainCodec;
-  const key = kvModeName(m) + (m.kind === "affine" ? `:${m.groupSize}` : "");
+  const key = kvModeKey(m);
   let c = codecs.get(key);
   if (!c) {
     c = m.kind === "affine" ? affineCodec(m.bits, m.groupSize) : turboQuantCodec({ kBits: m.kBits, vBits: m.vBits });
