@@ -8,7 +8,10 @@
 // reporting the time per attend: the per-evaluation floor (synchronization, ~0.2 ms on the H200)
 // is then paid once per step as in a model, not once per attend.
 //
-//   .native/bin/bun tools/bench/kv-cache.ts [--reps 7] [--contexts 1024,8192,32768] [--heads 8,2] [--dim 256] [--layers 1] [--unfused] [--json out.json]
+// --modes keeps the named modes only (bf16 always runs: it is the ratios' base).
+//
+//   .native/bin/bun tools/bench/kv-cache.ts [--reps 7] [--contexts 1024,8192,32768] [--heads 8,2] [--dim 256] [--layers 1] [--unfused]
+//     [--modes "bf16 kernel,turbo:4,3"] [--json out.json]
 import { renameSync, writeFileSync } from "node:fs";
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { defaultDevice, evaluate, memory } from "@mlx-bun/mlx-ffi";
@@ -40,12 +43,16 @@ const QUANT_MODES: [string, () => KvCodec][] = [
   ["turbo:4,3", () => turboQuantCodec({ kBits: 4, vBits: 3 })],
   ["turbo:4,2", () => turboQuantCodec({ kBits: 4, vBits: 2 })],
 ];
-const MODES: [string, () => KvCodec][] = [
+const ALL_MODES: [string, () => KvCodec][] = [
   ["bf16", () => plainCodec],
   ...(fusedLive ? [["bf16 kernel", () => plainCodec] as [string, () => KvCodec]] : []),
   ...QUANT_MODES,
   ...(UNFUSED && fusedLive ? QUANT_MODES.map(([n, f]): [string, () => KvCodec] => [`${n} unfused`, f]) : []),
 ];
+// Mode names hold commas (turbo:4,3): split the list where a comma starts a known name.
+const wanted = argv.includes("--modes") ? opt("modes", "") : null;
+const MODES = wanted === null ? ALL_MODES : ALL_MODES.filter(([n]) => n === "bf16" || `,${wanted},`.includes(`,${n},`));
+if (wanted !== null && MODES.length === 1 && wanted !== "bf16") throw new Error(`--modes ${wanted}: no known mode (${ALL_MODES.map(([n]) => n).join(" | ")})`);
 /** Which attention path a mode's decode step takes here. */
 const pathOf = (mode: string): string =>
   mode === "bf16"

@@ -26,7 +26,10 @@
 // bf16. A mode may carry the sliding layers' own mode after "~" (EngineOptions.kvSliding; e.g.
 // turbo:4,3~turbo:4,3: TurboQuant on every layer, as plain turbo:4,3 meant before the default
 // changed) and "+kernel" for the plain caches' split-K decode kernel instead of fast SDPA
-// (setDenseDecode), e.g. bf16+kernel.
+// (setDenseDecode), e.g. bf16+kernel; "+composition" encodes TurboQuant values through the
+// composition op by op instead of the encode kernel (setTurboEncode), e.g. turbo:4,3+composition;
+// "+scoresN" sets the quantized prefill's score budget to N GiB (setPrefillScoreBudget), e.g.
+// turbo:4,3+scores4. Flags combine: turbo:4,3+composition+scores4.
 //
 // --deadline: seconds from the start of the process; a variant that would start after it is
 // skipped (and reported as skipped). The JSON (and the markdown) is rewritten after every variant.
@@ -35,7 +38,7 @@
 import { renameSync, writeFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { join, resolve } from "node:path";
-import { type Cache, RotatingKVCache, type CacheState, setDenseDecode } from "@mlx-bun/kv-cache";
+import { type Cache, RotatingKVCache, type CacheState, setDenseDecode, setPrefillScoreBudget, setTurboEncode } from "@mlx-bun/kv-cache";
 import { defaultDevice, evaluate, memory, MlxArray, mlxVersion } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { DecodeRunner, Engine, logSoftmax, Row, Sequence } from "@mlx-bun/runtime";
@@ -166,11 +169,18 @@ async function runVariant(
   withPass: boolean,
   n = DECODE,
 ): Promise<Measured & { ref?: Reference }> {
-  const [spec, flag] = kv.split("+") as [string, string | undefined];
+  const [spec, ...flags] = kv.split("+") as [string, ...string[]];
   const [full, sliding] = spec.split("~") as [string, string | undefined];
-  if (flag !== undefined && flag !== "kernel") throw new Error(`--modes ${kv}: "+${flag}" is not a variant flag (+kernel)`);
+  let scoresGiB: number | undefined;
+  for (const f of flags) {
+    const m = /^scores(\d+(?:\.\d+)?)$/.exec(f);
+    if (m) scoresGiB = Number(m[1]);
+    else if (f !== "kernel" && f !== "composition") throw new Error(`--modes ${kv}: "+${f}" is not a variant flag (+kernel, +composition, +scoresN)`);
+  }
   const e = new Engine(base.loaded, { kv: full, prefillStep: STEP, ...(sliding ? { kvSliding: sliding } : {}) });
-  setDenseDecode(flag === "kernel" ? "kernel" : undefined);
+  setDenseDecode(flags.includes("kernel") ? "kernel" : undefined);
+  setTurboEncode(flags.includes("composition") ? "composition" : undefined);
+  setPrefillScoreBudget(scoresGiB === undefined ? undefined : Math.round(scoresGiB * 2 ** 30));
   memory.clearCache();
   memory.resetPeak();
   const caches = e.makeCaches();
@@ -230,6 +240,8 @@ async function runVariant(
     };
   } finally {
     setDenseDecode(undefined);
+    setTurboEncode(undefined);
+    setPrefillScoreBudget(undefined);
     for (const s of snaps.values()) s[Symbol.dispose]();
     for (const c of caches) c.dispose();
     memory.clearCache();

@@ -163,6 +163,12 @@ inline grid_group this_grid() { return {}; }
 
 using ::fmaxf;
 using ::fmaf;
+// IEEE round-to-nearest float arithmetic, never contracted (g++ builds the bodies without -ffast-math).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 using ::expf;
 using ::tanhf;
 

@@ -6,19 +6,27 @@ import { qmv_kernel } from "../../packages/mlx-ops/src/kernels/qmv.ts";
 import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-decode.ts";
 import { decodeCombineKernel } from "../../packages/kv-cache/src/kernels/decode-combine.ts";
 import { turboDecodeKernel } from "../../packages/kv-cache/src/kernels/turbo-decode.ts";
+import { turboEncodeKernel } from "../../packages/kv-cache/src/kernels/turbo-encode.ts";
 import { turboValuesKernel } from "../../packages/kv-cache/src/kernels/turbo-values.ts";
 import { denseDecodeKernel } from "../../packages/kv-cache/src/kernels/dense-decode.ts";
 
 const out = process.argv[2] ?? "kernel-sources.json";
-const kernels = [geglu_kernel, qmv_kernel, turboValuesKernel, affineDecodeKernel, turboDecodeKernel, denseDecodeKernel, decodeCombineKernel].map(
-  ({ spec }) => ({
-    name: spec.name,
-    input_names: spec.input_names,
-    output_names: spec.output_names,
-    ensure_row_contiguous: spec.ensure_row_contiguous !== false,
-    metal: spec.metal ?? null,
-    cuda: spec.cuda ?? null,
-  }),
-);
+const kernels = [
+  geglu_kernel,
+  qmv_kernel,
+  turboValuesKernel,
+  turboEncodeKernel,
+  affineDecodeKernel,
+  turboDecodeKernel,
+  denseDecodeKernel,
+  decodeCombineKernel,
+].map(({ spec }) => ({
+  name: spec.name,
+  input_names: spec.input_names,
+  output_names: spec.output_names,
+  ensure_row_contiguous: spec.ensure_row_contiguous !== false,
+  metal: spec.metal ?? null,
+  cuda: spec.cuda ?? null,
+}));
 await Bun.write(out, JSON.stringify(kernels, null, 1));
 console.log(`wrote ${kernels.length} kernel(s) to ${out}`);

@@ -17,7 +17,16 @@ export {
 export { type KvPrefillSetting, PREFILL_SDPA_MIN_QUERIES, kvPrefill, setKvPrefill, setPrefillScoreBudget } from "./prefill-attention.ts";
 export { type DenseDecodeSetting, denseDecode, setDenseDecode } from "./kernels/dense-decode.ts";
 export type { QuantTriple } from "./quant-triple.ts";
-export { TURBO_K_BITS, TURBO_K_GROUP, TURBO_V_BITS, turboQuantCodec, type TurboQuantCodec, type TurboQuantOptions } from "./turboquant.ts";
+export {
+  setTurboEncode,
+  TURBO_K_BITS,
+  TURBO_K_GROUP,
+  TURBO_V_BITS,
+  type TurboEncodeSetting,
+  turboQuantCodec,
+  type TurboQuantCodec,
+  type TurboQuantOptions,
+} from "./turboquant.ts";
 export { KVCache, makeState } from "./growable.ts";
 export { RotatingKVCache } from "./rotating.ts";
 export { createCausalMask, linearMask } from "./mask.ts";

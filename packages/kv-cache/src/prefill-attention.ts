@@ -51,10 +51,12 @@ export function prefillTakesSdpa(q: MlxArray): boolean {
  * back to scores, masked scores and probabilities in full: at 128k tokens a 2,048-token chunk of 16
  * heads is ~26 GB of transients, half the peak memory of the 12B-shaped model on the H200.
  */
-const DEFAULT_SCORE_BUDGET = 1 << 30;
+// 4 GiB: at 128k on the H200 it kept prefill at 0.91x bf16 with the peak at 0.72x; 1 GiB (8 blocks)
+// took the peak to 0.68x but prefill to 0.81x (docs/kv-prefill.md).
+const DEFAULT_SCORE_BUDGET = 4 * 2 ** 30;
 let scoreBudget = DEFAULT_SCORE_BUDGET;
 
-/** Set the score budget of one SDPA call (bytes; undefined: 1 GiB). For tests and measurements. */
+/** Set the score budget of one SDPA call (bytes; undefined: 4 GiB). For tests and measurements. */
 export function setPrefillScoreBudget(bytes: number | undefined): void {
   if (bytes !== undefined && !(Number.isInteger(bytes) && bytes > 0))
     throw new RangeError(`prefill score budget must be a positive integer of bytes, got ${bytes}`);

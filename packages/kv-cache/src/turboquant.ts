@@ -5,8 +5,10 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { quantizedKeyAttention, tiledAttention, DEFAULT_QUERY_TILE } from "./affine.ts";
 import { checkKv, type KvCodec, PlanesView } from "./codec.ts";
 import { turboDecodeAttention } from "./kernels/turbo-decode.ts";
+import { turboEncodeKernel } from "./kernels/turbo-encode.ts";
 import { turboValues } from "./kernels/turbo-values.ts";
 import { prefillTakesSdpa, sdpaOverDecoded } from "./prefill-attention.ts";
+import { processSetting } from "./setting.ts";
 import type { QuantTriple } from "./quant-triple.ts";
 import { type Mask, fail } from "./types.ts";
 
@@ -26,6 +28,21 @@ export interface TurboQuantOptions {
   /** Keep values rotated through attention and un-rotate the output (default true). */
   deferredV?: boolean;
   queryTile?: number;
+  /** How this codec encodes; default: the process setting (setTurboEncode). */
+  encoding?: TurboEncodeSetting;
+}
+
+/**
+ * How TurboQuant caches encode values: "kernel" runs mlxb_turbo_encode_values where its source
+ * runs (CUDA; the composition elsewhere), "composition" the ops one by one. Both write the same
+ * bytes on CUDA (docs/turboquant.md, "The encode kernel"). Default: kernel.
+ */
+export type TurboEncodeSetting = "kernel" | "composition";
+const encodeSetting = processSetting<TurboEncodeSetting>("MLX_BUN_TURBO_ENCODE", "setTurboEncode", ["kernel", "composition"], () => "kernel");
+
+/** Choose how TurboQuant caches encode for this process; undefined: MLX_BUN_TURBO_ENCODE, else the default. */
+export function setTurboEncode(s: TurboEncodeSetting | undefined): void {
+  encodeSetting.set(s);
 }
 
 /** Per-dtype state a codec builds once: signs and codebook on the device. */
@@ -33,6 +50,16 @@ interface Tables {
   signs: MlxArray;
   centroids: MlxArray;
   boundaries: MlxArray;
+}
+
+/**
+ * One chunk's planes: keys affine per 32-group; values rotated, divided by their RMS (float32),
+ * coded and packed, the RMS kept in the values' dtype (turbo-encode.ts holds the composition).
+ */
+function encodeChunk(k: MlxArray, v: MlxArray, signs: MlxArray, boundaries: MlxArray, kBits: number, path: "auto" | "reference"): MlxArray[] {
+  const [kw, ks, kb] = mx.quantize(k, { group_size: TURBO_K_GROUP, bits: kBits });
+  const [packed, vscale] = turboEncodeKernel.run([v, signs, boundaries], { path });
+  return [kw, ks, kb!, packed!, vscale!];
 }
 
 /**
@@ -97,21 +124,8 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
       }
     },
     encode(k, v) {
-      const [kw, ks, kb] = mx.quantize(k, kq);
-      const d = v.shape[3]!;
-      const t = tablesFor(d, v.dtype);
-      using rot = tq.fwht(v, t.signs);
-      using rot32 = mx.astype(rot, "float32");
-      using sq = mx.square(rot32);
-      using ms = mx.mean(sq, -1, { keepdims: true });
-      using rms32 = mx.sqrt(ms);
-      // A zero vector codes as zeros with scale 0; avoid 0/0.
-      using safe = mx.maximum(rms32, 1e-30);
-      using unit = mx.divide(rot32, safe);
-      using codes = tq.codebook_quantize(unit, t.boundaries);
-      const packed = tq.pack_bits(codes, vBits);
-      const vscale = mx.astype(rms32, v.dtype);
-      return [kw, ks, kb!, packed, vscale];
+      const t = tablesFor(v.shape[3]!, v.dtype);
+      return encodeChunk(k, v, t.signs, t.boundaries, kBits, (opts.encoding ?? encodeSetting.get()) === "kernel" ? "auto" : "reference");
     },
     view: (planes, length) =>
       new PlanesView(planes, length, ([kw, ks, kb, packed, vscale], q, scale, mask, sinks) => {

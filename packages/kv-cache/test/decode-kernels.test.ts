@@ -10,6 +10,7 @@ import { affineDecodeAttention, affineDecodeKernel } from "../src/kernels/affine
 import { decodeCombineKernel } from "../src/kernels/decode-combine.ts";
 import { denseDecode, denseDecodeAttention, denseDecodeKernel, setDenseDecode } from "../src/kernels/dense-decode.ts";
 import { DECODE_WARPS, decodeMask, decodePlan, decodeRunLength } from "../src/kernels/decode-plan.ts";
+import { affineTokenRegs, TURBO_VALUE_TOKEN_REGS } from "../src/kernels/decode-source.ts";
 import { turboDecodeKernel } from "../src/kernels/turbo-decode.ts";
 import { turboValues } from "../src/kernels/turbo-values.ts";
 import { closeDiff, relativeError as relErr } from "../../../tools/oracle/compare.ts";
@@ -324,7 +325,9 @@ describe("what the sources assume", () => {
       [4, 8, 8, 64, 1100],
     ] as const) {
       using q = MlxArray.fromNumbers(new Array(b * hq * d).fill(0), [b, hq, 1, d], "bfloat16");
-      const p = decodePlan(q, hkv, d, d, t);
+      // A tile's raw registers per token: TurboQuant k4/v3's, and a plain cache's.
+      const regs = t % 2 === 0 ? affineTokenRegs(d, 4, 32) + TURBO_VALUE_TOKEN_REGS : (2 * d) / 32;
+      const p = decodePlan(q, hkv, d, d, t, regs);
       if (typeof p === "string") throw new Error(p);
       expect(p.parts * p.tpw * DECODE_WARPS).toBeGreaterThanOrEqual(t);
       expect((p.parts - 1) * p.tpw * DECODE_WARPS).toBeLessThan(t);
@@ -332,16 +335,17 @@ describe("what the sources assume", () => {
       expect(p.tpw).toBe(decodeRunLength(t, p.parts, p.nt));
       expect(p.nRep % p.reps).toBe(0);
       expect((p.reps * d) / 32).toBeLessThanOrEqual(32);
-      expect(p.nt * ((2 * d) / 32)).toBeLessThanOrEqual(64);
+      expect(p.nt * (regs + 1) <= 34 || p.nt === 1).toBe(true);
+      expect(p.nt).toBeLessThanOrEqual(8);
       // Enough warps to fill a large GPU, at most 4096 (runs of 32 tokens where that is plenty).
       const warps = b * hkv * (p.nRep / p.reps) * p.parts * DECODE_WARPS;
       expect(warps <= 4096 + b * hkv * (p.nRep / p.reps) * DECODE_WARPS).toBe(true);
       expect(p.tpw <= 32 || warps * 2 > 4096).toBe(true);
     }
     using q2 = MlxArray.fromNumbers(new Array(4 * 96).fill(0), [1, 2, 2, 96], "float32");
-    expect(decodePlan(q2, 1, 96, 96, 10)).toMatch(/one query token/);
+    expect(decodePlan(q2, 1, 96, 96, 10, 8)).toMatch(/one query token/);
     using q3 = MlxArray.fromNumbers(new Array(4 * 96).fill(0), [1, 2, 1, 96 * 2], "float32");
-    expect(decodePlan(q3, 1, 192, 200, 10)).toMatch(/value head dim 200 must be a multiple of 32/);
+    expect(decodePlan(q3, 1, 192, 200, 10, 8)).toMatch(/value head dim 200 must be a multiple of 32/);
   });
 
   test("masks the kernels read: none/causal → one true; [B,1,1,T] kept; per-head masks go to the unfused path", () => {

@@ -1,6 +1,7 @@
 import { describe, expect, test } from "vitest";
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
+import { exactDiff } from "../../../tools/oracle/compare.ts";
 import { KVCache, toTurboQuant, turboQuantCodec } from "../src/index.ts";
 
 const D = 128;
@@ -79,6 +80,35 @@ describe("TurboQuant codec", () => {
     console.log(`TurboQuant 8/4 attention relative error vs bf16: ${vsBf16.toFixed(4)}`);
     deferred.dispose();
     eager.dispose();
+  });
+
+  // On the CPU both settings run the composition; tools/kernels/check_cuda_kernels.py --emulate
+  // runs the CUDA body here.
+  test.skipIf(mx.kernels.gpu_backend() === null)("on a GPU the encode kernel writes the composition's planes bit for bit", () => {
+    // Includes a zero value vector (scale 0), single tokens (decode) and a 16-token chunk.
+    for (const [kBits, vBits] of [
+      [4, 3],
+      [8, 2],
+    ] as const) {
+      const composed = turboQuantCodec({ kBits, vBits, encoding: "composition" });
+      const kernel = turboQuantCodec({ kBits, vBits, encoding: "kernel" });
+      using a = new KVCache(composed);
+      using b = new KVCache(kernel);
+      for (const [i, n] of [1, 1, 16, 3].entries()) {
+        using k = rand([2, 2, n, D], 20 + i);
+        using v0 = rand([2, 2, n, D], 40 + i);
+        using zero = mx.zeros([2, 2, n, D], "bfloat16");
+        using v = i === 1 ? zero.retain() : v0.retain();
+        a.updateAndFetch(k, v).dispose();
+        b.updateAndFetch(k, v).dispose();
+      }
+      const pa = a.planes as MlxArray[];
+      const pb = b.planes as MlxArray[];
+      expect(pb.length).toBe(5);
+      pa.forEach((p, j) => expect(exactDiff(pb[j]!, p), `plane ${j} at ${kBits}/${vBits} bits`).toBeNull());
+      composed.dispose();
+      kernel.dispose();
+    }
   });
 
   test("bf16 → TurboQuant conversion keeps the offset, consumes the source, sets minimumReusableOffset", () => {

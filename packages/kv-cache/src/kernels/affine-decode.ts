@@ -8,13 +8,12 @@ import type { QuantTriple } from "../quant-triple.ts";
 import type { Mask } from "../types.ts";
 import { decodeTwoPass } from "./decode-combine.ts";
 import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
-import { affineDecode, type Backend, partialsSource } from "./decode-source.ts";
+import { affineDecoder, affineTokenRegs, type Backend, partialsSource } from "./decode-source.ts";
 
 /** Bit widths the kernel decodes (a code never straddles a uint32 word); others stay unfused. */
 export const AFFINE_DECODE_BITS: readonly number[] = [2, 4, 8];
 
-const source = (b: Backend): string =>
-  partialsSource(b, affineDecode("kw", "ks", "kb", "kf[j]", "EK", "BK", "GK"), affineDecode("vw", "vs", "vb", "vf[j]", "EV", "BV", "GV"));
+const source = (b: Backend): string => partialsSource(b, affineDecoder("k", "kf", "EK", "BK", "GK"), affineDecoder("v", "vf", "EV", "BV", "GV"));
 
 interface Shapes {
   plan: DecodePlan;
@@ -41,7 +40,7 @@ function shapesOf([q, kw, ks, kb, vw, vs, vb, mask]: readonly MlxArray[]): Shape
   const kGroup = dk / ks!.shape[3]!;
   const vGroup = dv / vs!.shape[3]!;
   if (!Number.isInteger(dv) || !Number.isInteger(kGroup) || !Number.isInteger(vGroup)) return "plane widths do not fit one bit width and group size";
-  const plan = decodePlan(q!, H, dk, dv, T);
+  const plan = decodePlan(q!, H, dk, dv, T, affineTokenRegs(dk, bits, kGroup) + affineTokenRegs(dv, bits, vGroup));
   if (typeof plan === "string") return plan;
   const bad = checkMask(mask!, B, T);
   return bad ?? { plan, bits, kGroup, vGroup };

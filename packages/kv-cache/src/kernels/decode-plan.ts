@@ -43,8 +43,28 @@ export function decodeRunLength(tokens: number, parts: number, nt: number): numb
   return Math.ceil(Math.ceil(tokens / (parts * DECODE_WARPS)) / nt) * nt;
 }
 
-/** The plan for q [B, Hq, 1, Dk] over `tokens` cached tokens of `kvHeads` heads, or why the kernels cannot take it. */
-export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number, tokens: number): DecodePlan | string {
+/**
+ * Registers per lane a tile's raw K/V words and mask may take (decode-source.ts Decoder); sizes
+ * NT. Measured on the H200 (docs/benchmarks.md, issue 24, the tile sweep): 3-4 tokens of about 8-10
+ * registers were fastest for heads of 256 and 512 in every mode; 8 tokens were up to 1.7x slower.
+ */
+const TILE_REGS = 34;
+/** Most tokens per tile; MLX_BUN_DECODE_TILE (1-8) lowers it, to measure the tile size on a GPU. */
+const MAX_NT = 8;
+const tileCap = (): number => {
+  const env = process.env.MLX_BUN_DECODE_TILE;
+  if (env === undefined || env === "") return MAX_NT;
+  const n = Number(env);
+  if (!Number.isInteger(n) || n < 1 || n > MAX_NT) throw new RangeError(`MLX_BUN_DECODE_TILE must be an integer 1-${MAX_NT}, got "${env}"`);
+  return n;
+};
+
+/**
+ * The plan for q [B, Hq, 1, Dk] over `tokens` cached tokens of `kvHeads` heads, or why the
+ * kernels cannot take it. `tokenRegs`: the 32-bit registers a lane holds per token of a tile
+ * (both decoders' raw words; the mask's is added here).
+ */
+export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number, tokens: number, tokenRegs: number): DecodePlan | string {
   if (q.ndim !== 4) return `queries must be [B, Hq, 1, D], got ${q.describe()}`;
   const [batch, qHeads, L, qd] = q.shape as [number, number, number, number];
   if (L !== 1) return `decode kernels take one query token, got ${L}`;
@@ -71,8 +91,8 @@ export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number,
   let run = 32;
   while (rows * Math.ceil(tokens / run) > MAX_WARPS && run < tokens) run *= 2;
   const parts = Math.ceil(tokens / (run * DECODE_WARPS));
-  // Decoded K and V of a tile stay in registers: about 64 floats per lane.
-  const nt = Math.max(1, Math.min(8, Math.floor(64 / (dk / 32 + dv / 32))));
+  // A tile's raw K/V words (and mask) stay in registers until decoded: about TILE_REGS per lane.
+  const nt = Math.max(1, Math.min(tileCap(), Math.floor(TILE_REGS / (tokenRegs + 1))));
   return { batch, qHeads, kvHeads, nRep, dk, dv, tokens, reps, nt, tpw: decodeRunLength(tokens, parts, nt), parts };
 }
 

@@ -89,38 +89,76 @@ export const UNROLL = "/*@unroll*/";
 const HIDDEN = "-3.4028234663852886e38f";
 
 /**
- * Affine key/value decode for lane `lane`, token `t`: element e of the row is bits
- * [e·BITS mod 32, +BITS) of uint32 word e·BITS/32 (BITS ∈ {2, 4, 8}: a code never straddles
- * words), dequantized as code · scale + bias of group e / GROUP (mx.dequantize's formula).
+ * How a kernel reads one of K or V. Per tile, `load` runs for every slot `j` (token `t`) before
+ * any `decode`, so a tile's loads are all in flight at once, and it keeps only the raw words
+ * (`regs`, arrays over the NT slots); `decode` then turns slot `j` into the lane's floats
+ * `out[0..n)` just before they are used. The raw words are a few registers per token where the
+ * decoded floats are n: a tile holds several times more tokens in flight in the same registers.
+ * `prelude` runs once per lane before the token loop. The registers a lane holds per slot
+ * (affineTokenRegs, TURBO_VALUE_TOKEN_REGS) size the tile (decodePlan).
  */
-export function affineDecode(w: string, s: string, bias: string, out: string, n: string, bits: string, group: string): string {
-  return `
-    {
-      const int64_t wr = b * ${w}_strides[0] + h * ${w}_strides[1] + t * ${w}_strides[2];
-      const int64_t sr = b * ${s}_strides[0] + h * ${s}_strides[1] + t * ${s}_strides[2];
-      const int64_t br = b * ${bias}_strides[0] + h * ${bias}_strides[1] + t * ${bias}_strides[2];
-      // The lane's elements share one group when their count divides the group: one scale and bias load.
-      const bool oneGroup = (${group} % ${n}) == 0;
-      const int g0 = (lane * ${n}) / ${group};
-      const float sc0 = static_cast<float>(${s}[sr + g0 * ${s}_strides[3]]);
-      const float bi0 = static_cast<float>(${bias}[br + g0 * ${bias}_strides[3]]);
-      ${UNROLL}
-      for (int i = 0; i < ${n}; ++i) {
-        const int e = lane * ${n} + i;
-        const uint32_t word = ${w}[wr + ((e * ${bits}) >> 5) * ${w}_strides[3]];
-        const uint32_t code = (word >> ((e * ${bits}) & 31)) & ((1u << ${bits}) - 1u);
-        const int g = e / ${group};
-        const float sc = oneGroup ? sc0 : static_cast<float>(${s}[sr + g * ${s}_strides[3]]);
-        const float bi = oneGroup ? bi0 : static_cast<float>(${bias}[br + g * ${bias}_strides[3]]);
-        ${out}[i] = static_cast<float>(code) * sc + bi;
-      }
-    }`;
-}
-
-/** A decoder's text: `decode` per token of a tile, `prelude` once per lane before the token loop. */
 export interface Decoder {
   prelude: string;
+  regs: string;
+  load: string;
   decode: string;
+}
+
+/**
+ * Affine decode of plane `p` (`${p}w` packed uint32, `${p}s` scales, `${p}b` biases) for lane
+ * `lane`: element e of a row is bits [e·BITS mod 32, +BITS) of uint32 word e·BITS/32 (BITS ∈
+ * {2, 4, 8}: a code never straddles words), dequantized as code · scale + bias of group e / GROUP
+ * (mx.dequantize's formula). The lane's N·BITS bits span NW words; its elements one group (N
+ * divides GROUP: N a power of two) or two.
+ */
+export function affineDecoder(p: string, out: string, n: string, bits: string, group: string): Decoder {
+  const [w, s, bias] = [`${p}w`, `${p}s`, `${p}b`];
+  const prelude = `
+  constexpr int ${p}_LB = ${n} * ${bits};
+  // Words a lane's bits start in: whole words (LB a multiple of 32), within one word (LB divides 32), else any offset.
+  constexpr bool ${p}_ALIGNED = (${p}_LB % 32) == 0 || (32 % ${p}_LB) == 0;
+  constexpr int ${p}_NW = (${p}_LB % 32) == 0 ? ${p}_LB / 32 : ((32 % ${p}_LB) == 0 ? 1 : ${p}_LB / 32 + 2);
+  constexpr int ${p}_NG = (${group} % ${n}) == 0 ? 1 : 2;
+  const int ${p}_word0 = (lane * ${p}_LB) >> 5;
+  const int ${p}_off0 = (${p}_LB % 32) == 0 ? 0 : ((lane * ${p}_LB) & 31);
+  const int ${p}_g0 = (lane * ${n}) / ${group};`;
+  const regs = `
+    uint32_t ${p}_raw[NT][${p}_NW];
+    float ${p}_sc[NT][${p}_NG];
+    float ${p}_bi[NT][${p}_NG];`;
+  const load = `
+      {
+        const int64_t wr = b * ${w}_strides[0] + h * ${w}_strides[1] + t * ${w}_strides[2];
+        const int64_t sr = b * ${s}_strides[0] + h * ${s}_strides[1] + t * ${s}_strides[2];
+        const int64_t br = b * ${bias}_strides[0] + h * ${bias}_strides[1] + t * ${bias}_strides[2];
+        ${UNROLL}
+        for (int k = 0; k < ${p}_NW; ++k) {
+          const int wd = ${p}_word0 + k;
+          ${p}_raw[j][k] = (${p}_ALIGNED || wd < ${w}_shape[3]) ? ${w}[wr + wd * ${w}_strides[3]] : 0u;
+        }
+        ${UNROLL}
+        for (int g = 0; g < ${p}_NG; ++g) {
+          const int gg = (${p}_g0 + g < ${s}_shape[3]) ? ${p}_g0 + g : ${p}_g0;
+          ${p}_sc[j][g] = static_cast<float>(${s}[sr + gg * ${s}_strides[3]]);
+          ${p}_bi[j][g] = static_cast<float>(${bias}[br + gg * ${bias}_strides[3]]);
+        }
+      }`;
+  const decode = `
+      ${UNROLL}
+      for (int i = 0; i < ${n}; ++i) {
+        const int bit = ${p}_off0 + i * ${bits};
+        const uint32_t code = (${p}_raw[j][${p}_NW == 1 ? 0 : (bit >> 5)] >> (bit & 31)) & ((1u << ${bits}) - 1u);
+        const int g = ${p}_NG == 1 ? 0 : (lane * ${n} + i) / ${group} - ${p}_g0;
+        ${out}[i] = static_cast<float>(code) * ${p}_sc[j][g] + ${p}_bi[j][g];
+      }`;
+  return { prelude, regs, load, decode };
+}
+
+/** 32-bit registers affineDecoder holds per token for `dim` elements of `bits` bits in groups of `group`. */
+export function affineTokenRegs(dim: number, bits: number, group: number): number {
+  const lb = (dim / 32) * bits;
+  const words = lb % 32 === 0 ? lb / 32 : 32 % lb === 0 ? 1 : Math.floor(lb / 32) + 2;
+  return words + 2 * (group % (dim / 32) === 0 ? 1 : 2);
 }
 
 /**
@@ -132,7 +170,7 @@ export interface Decoder {
  * a dependent centroid load and a rounding per element had made the kernel issue-bound on the
  * H200).
  */
-export function turboValueDecoder(backend: Backend): Decoder {
+export function turboValueDecoder(backend: Backend, out: string): Decoder {
   const prelude = `
   constexpr int NC = 1 << VB;
   constexpr int VBITS = EV * VB;
@@ -140,43 +178,42 @@ export function turboValueDecoder(backend: Backend): Decoder {
   // 8 − (largest power of two ≤ 8 dividing VBITS), so VSPAN bits cover any lane's bytes.
   constexpr int VLOW = VBITS & -VBITS;
   constexpr int VSPAN = VBITS + (VLOW >= 8 ? 0 : 8 - VLOW);
-  // Every supported (DV, VB) fits one uint64_t (at most 64 bits); otherwise codes are read per element.
-  constexpr bool VFIT = VSPAN <= 64;
-  constexpr int VNB = VFIT ? (VSPAN + 7) / 8 : 0;
+  // Every head dim up to 512 (EV ≤ 16) at 2-4 bits fits one uint64_t.
+  static_assert(VSPAN <= 64, "a lane's value codes must fit one 64-bit word");
+  constexpr int VNB = (VSPAN + 7) / 8;
   const float cent = centroids[lane & (NC - 1)];
   const int vBit0 = lane * VBITS;
   const int vByte0 = vBit0 >> 3;
   const int vEnd = (vBit0 + VBITS + 7) >> 3;`;
-  const decode = `
-    {
-      const int64_t cr = b * vc_strides[0] + h * vc_strides[1] + t * vc_strides[2];
-      const float rowScale = static_cast<float>(vs[b * vs_strides[0] + h * vs_strides[1] + t * vs_strides[2]]);
-      // The same float32 product and rounding to T as the reference, once per lane and token.
-      const float tv = static_cast<float>(static_cast<T>(cent * rowScale));
-      uint64_t vbits = 0;
-      ${UNROLL}
-      for (int k = 0; k < VNB; ++k) {
-        // A lane needs VNB - 1 or VNB bytes: only the last may lie past its span (and the row).
-        if (k + 1 < VNB || vByte0 + k < vEnd) vbits |= (uint64_t)vc[cr + (vByte0 + k) * vc_strides[3]] << (8 * k);
-      }
-      vbits >>= (vBit0 & 7);
-      ${UNROLL}
-      for (int i = 0; i < EV; ++i) {
-        int code;
-        if (VFIT) {
-          code = (int)((vbits >> (i * VB)) & (uint64_t)(NC - 1));
-        } else {
-          // A 3-bit code may straddle two bytes.
-          const int bit = vBit0 + i * VB;
-          uint32_t word = (uint32_t)vc[cr + (bit >> 3) * vc_strides[3]];
-          if ((bit & 7) + VB > 8) word |= ((uint32_t)vc[cr + ((bit >> 3) + 1) * vc_strides[3]]) << 8;
-          code = (int)((word >> (bit & 7)) & (uint32_t)(NC - 1));
+  const regs = `
+    uint64_t v_raw[NT];
+    float v_rs[NT];`;
+  const load = `
+      {
+        const int64_t cr = b * vc_strides[0] + h * vc_strides[1] + t * vc_strides[2];
+        v_rs[j] = static_cast<float>(vs[b * vs_strides[0] + h * vs_strides[1] + t * vs_strides[2]]);
+        uint64_t vbits = 0;
+        ${UNROLL}
+        for (int k = 0; k < VNB; ++k) {
+          // A lane needs VNB - 1 or VNB bytes: only the last may lie past its span (and the row).
+          if (k + 1 < VNB || vByte0 + k < vEnd) vbits |= (uint64_t)vc[cr + (vByte0 + k) * vc_strides[3]] << (8 * k);
         }
-        vf[j][i] = ${OPS[backend].shuffle("tv", "code")};
-      }
-    }`;
-  return { prelude, decode };
+        v_raw[j] = vbits >> (vBit0 & 7);
+      }`;
+  const decode = `
+      {
+        // The same float32 product and rounding to T as the reference, once per lane and token.
+        const float tv = static_cast<float>(static_cast<T>(cent * v_rs[j]));
+        ${UNROLL}
+        for (int i = 0; i < EV; ++i) {
+          const int code = (int)((v_raw[j] >> (i * VB)) & (uint64_t)(NC - 1));
+          ${out}[i] = ${OPS[backend].shuffle("tv", "code")};
+        }
+      }`;
+  return { prelude, regs, load, decode };
 }
+/** 32-bit registers turboValueDecoder holds per token: the 64-bit codes and the row scale. */
+export const TURBO_VALUE_TOKEN_REGS = 3;
 
 /**
  * Pass 1. A threadgroup of WARPS warps takes WARPS consecutive runs of tokens for one
@@ -184,16 +221,16 @@ export function turboValueDecoder(backend: Backend): Decoder {
  * length is the even split over the grid rounded up to whole tiles (decodeRunLength in
  * decode-plan.ts), so the context length is never a template. Lane l holds elements
  * [l·EK, (l+1)·EK) of each query (EK = DK/32) and of each output accumulator (EV = DV/32).
- * Per tile of NT tokens: decode the NT key and value slices first (their loads all in flight),
- * NT·REPS dot products reduced across the warp together, the mask, then one online-softmax
- * update per query head over the tile (running max m, sum l, unnormalized output o, float32).
- * Then the warps' (m, l, o) are merged in threadgroup memory and the threadgroup writes one
- * partial; pass 2 (decode-combine.ts) merges those.
+ * Per tile of NT tokens: the raw words of the NT key and value slices are loaded first (their
+ * loads all in flight), then each slot's keys are decoded into the NT·REPS dot products, reduced
+ * across the warp together, the mask, one online-softmax update per query head over the tile
+ * (running max m, sum l, unnormalized output o, float32), and each slot's values are decoded into
+ * the accumulators. Then the warps' (m, l, o) are merged in threadgroup memory and the
+ * threadgroup writes one partial; pass 2 (decode-combine.ts) merges those.
  * Templates: T, DK, DV, NREP (query heads per KV head), REPS, NT, MASK_MODE (1 boolean,
- * 2 additive) and the decoders' own. `valuePrelude` (a decoder's per-lane set-up, e.g. the
- * TurboQuant centroid) goes before the token loop, where its loads are paid once per run.
+ * 2 additive) and the decoders' own. The decoders write `kf` / `vf` (EK / EV floats).
  */
-export function partialsSource(backend: Backend, keyDecode: string, valueDecode: string, valuePrelude = ""): string {
+export function partialsSource(backend: Backend, key: Decoder, value: Decoder): string {
   const o = OPS[backend];
   const text = `${o.prelude}
   constexpr int WARPS = ${WARPS};
@@ -229,27 +266,24 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
   const int64_t t0l = ((int64_t)tg * WARPS + wid) * RUN;
   const int t0 = t0l < T_LEN ? (int)t0l : T_LEN;
   const int t1 = (t0 + RUN < T_LEN) ? t0 + RUN : T_LEN;
-  const int64_t mrow = (mask_shape[0] == 1 ? 0 : b) * mask_strides[0];${valuePrelude}
-  for (int tb = t0; tb < t1; tb += NT) {
-    float kf[NT][EK];
-    float vf[NT][EV];
+  const int64_t mrow = (mask_shape[0] == 1 ? 0 : b) * mask_strides[0];${key.prelude}${value.prelude}
+  for (int tb = t0; tb < t1; tb += NT) {${key.regs}${value.regs}
     float mv[NT];
     ${o.unroll}
     for (int j = 0; j < NT; ++j) {
       // A slot past the run re-reads its last token (in bounds) and is dropped below.
-      const int t = (tb + j < t1) ? tb + j : t1 - 1;
-      ${keyDecode}
-      ${valueDecode}
+      const int t = (tb + j < t1) ? tb + j : t1 - 1;${key.load}${value.load}
       mv[j] = static_cast<float>(mask[mrow + (mask_shape[3] == 1 ? 0 : t) * mask_strides[3]]);
     }
     float sc[NT][REPS];
     ${o.unroll}
     for (int j = 0; j < NT; ++j) {
+      float kf[EK];${key.decode}
       ${o.unroll}
       for (int r = 0; r < REPS; ++r) {
         float acc = 0.0f;
         ${o.unroll}
-        for (int i = 0; i < EK; ++i) acc += qv[r][i] * kf[j][i];
+        for (int i = 0; i < EK; ++i) acc += qv[r][i] * kf[i];
         sc[j][r] = acc;
       }
     }
@@ -264,13 +298,18 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
         sc[j][r] = (tb + j < t1) ? acc : ${o.negInf};
       }
     }
+    // sc becomes the tile's probabilities exp(s − m) under each head's new running max.
     ${o.unroll}
     for (int r = 0; r < REPS; ++r) {
       float mn = m[r];
       ${o.unroll}
       for (int j = 0; j < NT; ++j) mn = ${o.max}(mn, sc[j][r]);
       // exp(-inf - -inf) would be NaN: an all -inf (additive mask) prefix contributes nothing.
-      if (mn == ${o.negInf}) continue;
+      if (mn == ${o.negInf}) {
+        ${o.unroll}
+        for (int j = 0; j < NT; ++j) sc[j][r] = 0.0f;
+        continue;
+      }
       const float alpha = (m[r] == ${o.negInf}) ? 0.0f : ${o.exp}(m[r] - mn);
       l[r] *= alpha;
       ${o.unroll}
@@ -279,10 +318,18 @@ export function partialsSource(backend: Backend, keyDecode: string, valueDecode:
       for (int j = 0; j < NT; ++j) {
         const float pr = (sc[j][r] == ${o.negInf}) ? 0.0f : ${o.exp}(sc[j][r] - mn);
         l[r] += pr;
-        ${o.unroll}
-        for (int i = 0; i < EV; ++i) o[r][i] += pr * vf[j][i];
+        sc[j][r] = pr;
       }
       m[r] = mn;
+    }
+    ${o.unroll}
+    for (int j = 0; j < NT; ++j) {
+      float vf[EV];${value.decode}
+      ${o.unroll}
+      for (int r = 0; r < REPS; ++r) {
+        ${o.unroll}
+        for (int i = 0; i < EV; ++i) o[r][i] += sc[j][r] * vf[i];
+      }
     }
   }
   ${o.shared} float sm_m[WARPS][REPS];

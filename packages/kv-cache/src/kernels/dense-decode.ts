@@ -8,17 +8,25 @@ import { processSetting } from "../setting.ts";
 import type { Mask } from "../types.ts";
 import { decodeTwoPass } from "./decode-combine.ts";
 import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
-import { type Backend, partialsSource, UNROLL } from "./decode-source.ts";
+import { type Backend, type Decoder, partialsSource, UNROLL } from "./decode-source.ts";
 
-/** The lane's slice of row t of a plain [B, H, T, D] plane, read through its strides. */
-const plainLoad = (a: string, out: string, n: string): string => `
-    {
-      const int64_t ar = b * ${a}_strides[0] + h * ${a}_strides[1] + t * ${a}_strides[2];
+/** The lane's slice of row t of a plain [B, H, T, D] plane `a`, read through its strides, kept in T until used. */
+const plainDecoder = (p: string, a: string, out: string, n: string): Decoder => ({
+  prelude: "",
+  regs: `
+    T ${p}_raw[NT][${n}];`,
+  load: `
+      {
+        const int64_t ar = b * ${a}_strides[0] + h * ${a}_strides[1] + t * ${a}_strides[2];
+        ${UNROLL}
+        for (int i = 0; i < ${n}; ++i) ${p}_raw[j][i] = ${a}[ar + (lane * ${n} + i) * ${a}_strides[3]];
+      }`,
+  decode: `
       ${UNROLL}
-      for (int i = 0; i < ${n}; ++i) ${out}[i] = static_cast<float>(${a}[ar + (lane * ${n} + i) * ${a}_strides[3]]);
-    }`;
+      for (int i = 0; i < ${n}; ++i) ${out}[i] = static_cast<float>(${p}_raw[j][i]);`,
+});
 
-const source = (b: Backend): string => partialsSource(b, plainLoad("kw", "kf[j]", "EK"), plainLoad("vw", "vf[j]", "EV"));
+const source = (b: Backend): string => partialsSource(b, plainDecoder("k", "kw", "kf", "EK"), plainDecoder("v", "vw", "vf", "EV"));
 
 function planOf([q, kw, vw, mask]: readonly MlxArray[]): DecodePlan | string {
   for (const a of [kw!, vw!]) if (a.ndim !== 4) return `keys and values must be [B, H, T, D], got ${a.describe()}`;
@@ -26,7 +34,8 @@ function planOf([q, kw, vw, mask]: readonly MlxArray[]): DecodePlan | string {
   const [B, H, T] = kw!.shape as [number, number, number];
   if (vw!.shape[0] !== B || vw!.shape[1] !== H || vw!.shape[2] !== T) return `keys ${kw!.describe()} and values ${vw!.describe()} disagree in [B, H, T]`;
   if (q!.ndim !== 4 || q!.shape[0] !== B) return `queries ${q!.describe()} must be [${B}, Hq, 1, D]`;
-  const plan = decodePlan(q!, H, kw!.shape[3]!, vw!.shape[3]!, T);
+  // A lane keeps its D/32 elements of each of K and V per token, in the cache's dtype.
+  const plan = decodePlan(q!, H, kw!.shape[3]!, vw!.shape[3]!, T, Math.ceil(((kw!.shape[3]! + vw!.shape[3]!) / 32) * (kw!.itemsize / 4)));
   if (typeof plan === "string") return plan;
   return checkMask(mask!, B, T) ?? plan;
 }

@@ -6,17 +6,14 @@ import * as mx from "@mlx-bun/mlx-ops";
 import type { Mask } from "../types.ts";
 import { decodeTwoPass } from "./decode-combine.ts";
 import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
-import { affineDecode, type Backend, partialsSource, turboValueDecoder } from "./decode-source.ts";
+import { affineDecoder, affineTokenRegs, type Backend, partialsSource, TURBO_VALUE_TOKEN_REGS, turboValueDecoder } from "./decode-source.ts";
 import { turboValuesKernel } from "./turbo-values.ts";
 
 /** Key bit widths the kernel decodes (3-bit keys stay unfused); every value width (2, 3, 4) is taken. */
 export const TURBO_DECODE_K_BITS: readonly number[] = [2, 4, 8];
 const K_GROUP = 32;
 
-const source = (b: Backend): string => {
-  const v = turboValueDecoder(b);
-  return partialsSource(b, affineDecode("kw", "ks", "kb", "kf[j]", "EK", "BK", "GK"), v.decode, v.prelude);
-};
+const source = (b: Backend): string => partialsSource(b, affineDecoder("k", "kf", "EK", "BK", "GK"), turboValueDecoder(b, "vf"));
 
 interface Shapes {
   plan: DecodePlan;
@@ -44,7 +41,7 @@ function shapesOf([q, kw, ks, kb, vc, vs, centroids, mask]: readonly MlxArray[])
   if (ks!.shape[3]! * K_GROUP !== dk || kb!.shape[3]! * K_GROUP !== dk) return `key scales must have ${dk / K_GROUP} groups of ${K_GROUP}`;
   const dv = (vc!.shape[3]! * 8) / vBits;
   if (!Number.isInteger(dv)) return `value codes of ${vc!.shape[3]} bytes do not hold ${vBits}-bit codes`;
-  const plan = decodePlan(q!, H, dk, dv, T);
+  const plan = decodePlan(q!, H, dk, dv, T, affineTokenRegs(dk, kBits, K_GROUP) + TURBO_VALUE_TOKEN_REGS);
   if (typeof plan === "string") return plan;
   const bad = checkMask(mask!, B, T);
   return bad ?? { plan, kBits, vBits };
