@@ -348,6 +348,25 @@ describe("what the sources assume", () => {
     expect(decodePlan(q3, 1, 192, 200, 10, 8)).toMatch(/value head dim 200 must be a multiple of 32/);
   });
 
+  test("MLX_BUN_DECODE_TILE caps the tokens per tile; a bad value is refused by name", () => {
+    using q = MlxArray.fromNumbers(new Array(8 * 256).fill(0), [1, 8, 1, 256], "bfloat16");
+    const nt = (): number => (decodePlan(q, 2, 256, 256, 4096, 3) as { nt: number }).nt;
+    const before = process.env.MLX_BUN_DECODE_TILE;
+    try {
+      delete process.env.MLX_BUN_DECODE_TILE;
+      expect(nt()).toBe(8); // 34 registers / (3 + the mask's 1), at most 8
+      process.env.MLX_BUN_DECODE_TILE = "2";
+      expect(nt()).toBe(2);
+      for (const bad of ["0", "9", "2.5", "x"]) {
+        process.env.MLX_BUN_DECODE_TILE = bad;
+        expect(nt).toThrow(new RegExp(`MLX_BUN_DECODE_TILE must be an integer 1-8, got "${bad.replace(".", "\\.")}"`));
+      }
+    } finally {
+      if (before === undefined) delete process.env.MLX_BUN_DECODE_TILE;
+      else process.env.MLX_BUN_DECODE_TILE = before;
+    }
+  });
+
   test("masks the kernels read: none/causal → one true; [B,1,1,T] kept; per-head masks go to the unfused path", () => {
     using none = decodeMask(null, 2, 5)!;
     expect(none.shape).toEqual([1, 1, 1, 1]);
