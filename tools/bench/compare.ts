@@ -26,6 +26,7 @@ import { cpus, totalmem } from "node:os";
 import { evaluate, lib, memory, MlxArray, mlxVersion, defaultDevice } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { Engine, Scheduler, Sequence } from "@mlx-bun/runtime";
+import { median, spread, type Spread } from "./stats.ts";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 
@@ -118,13 +119,7 @@ function note(s: string): void {
 // ------------------------------------------------------------------------------------------
 // Stats
 // ------------------------------------------------------------------------------------------
-type Stat = { min: number; median: number; max: number; n: number };
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-};
-const stat = (xs: number[]): Stat => ({ min: Math.min(...xs), median: median(xs), max: Math.max(...xs), n: xs.length });
+type Stat = Spread;
 
 interface Row {
   figure: string;
@@ -156,8 +151,8 @@ function addRow(figure: string, unit: string, higherIsBetter: boolean, ours: num
     figure,
     unit,
     higherIsBetter,
-    ours: ours?.length ? stat(ours) : null,
-    theirs: theirs?.length ? stat(theirs) : null,
+    ours: ours?.length ? spread(ours) : null,
+    theirs: theirs?.length ? spread(theirs) : null,
     ...(noteText ? { note: noteText } : {}),
   };
   rows.push(r);

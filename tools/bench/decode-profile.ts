@@ -18,6 +18,7 @@ import { asyncEval, evaluate, MlxArray, Stream, withStream } from "@mlx-bun/mlx-
 import * as mx from "@mlx-bun/mlx-ops";
 import { Engine, Scheduler, type Sequence } from "@mlx-bun/runtime";
 import { decodeSteps, type StepPhases } from "./decode-steps.ts";
+import { median } from "./stats.ts";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const arg = (f: string, d: string) => {
@@ -150,7 +151,6 @@ for (let r = 0; r < REPS; r++) {
   process.stderr.write(`\r[decode-profile] rep ${r + 1}/${REPS}`);
 }
 process.stderr.write("\n");
-const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
 console.log(`decode profile: ${model.split("/").at(-1)}, ${prompt.length}-token prompt, ${N} tokens, ${REPS} reps (ms per token, min / median)`);
 const perPhase = (p: StepPhases, per: number) =>
   `build ${(p.build / per).toFixed(2)}, asyncEval call ${(p.asyncEval / per).toFixed(2)}, wait in item() ${(p.wait / per).toFixed(2)}`;
@@ -160,5 +160,5 @@ for (const [k, xs] of Object.entries(res))
   console.log(
     `${k.padEnd(42)} ${Math.min(...xs)
       .toFixed(2)
-      .padStart(7)} / ${med(xs).toFixed(2).padStart(7)}`,
+      .padStart(7)} / ${median(xs).toFixed(2).padStart(7)}`,
   );

@@ -18,6 +18,7 @@ import { defaultDevice, evaluate, memory } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, KVCache, affineCodec, turboQuantCodec, type KvCodec, plainCodec, setDenseDecode } from "@mlx-bun/kv-cache";
 import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-decode.ts";
+import { formatSpread, median } from "./stats.ts";
 
 const argv = process.argv;
 const opt = (name: string, def: string): string => {
@@ -49,10 +50,20 @@ const ALL_MODES: [string, () => KvCodec][] = [
   ...QUANT_MODES,
   ...(UNFUSED && fusedLive ? QUANT_MODES.map(([n, f]): [string, () => KvCodec] => [`${n} unfused`, f]) : []),
 ];
-// Mode names hold commas (turbo:4,3): split the list where a comma starts a known name.
-const wanted = argv.includes("--modes") ? opt("modes", "") : null;
-const MODES = wanted === null ? ALL_MODES : ALL_MODES.filter(([n]) => n === "bf16" || `,${wanted},`.includes(`,${n},`));
-if (wanted !== null && MODES.length === 1 && wanted !== "bf16") throw new Error(`--modes ${wanted}: no known mode (${ALL_MODES.map(([n]) => n).join(" | ")})`);
+// Mode names hold commas (turbo:4,3): read the list name by name, the longest known name first.
+function parseModes(list: string): Set<string> {
+  const names = ALL_MODES.map(([n]) => n).sort((a, b) => b.length - a.length);
+  const out = new Set<string>();
+  for (let at = 0; at < list.length; ) {
+    const n = names.find((x) => list.startsWith(x, at) && (at + x.length === list.length || list[at + x.length] === ","));
+    if (!n) throw new Error(`--modes ${list}: no known mode at "${list.slice(at)}" (known: ${names.join(" | ")})`);
+    out.add(n);
+    at += n.length + 1;
+  }
+  return out;
+}
+const wanted = argv.includes("--modes") ? parseModes(opt("modes", "")) : null;
+const MODES = wanted === null ? ALL_MODES : ALL_MODES.filter(([n]) => n === "bf16" || wanted.has(n));
 /** Which attention path a mode's decode step takes here. */
 const pathOf = (mode: string): string =>
   mode === "bf16"
@@ -136,7 +147,6 @@ for (const ctx of CONTEXTS) {
 }
 process.stderr.write("\n");
 
-const med = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const lines = [
   `MLX default device ${defaultDevice()}, GPU backend ${backend ?? "none"}; ${HQ} query heads over ${HKV} KV heads of dim ${D}, bf16; ${REPS} reps; ${LAYERS} attend${LAYERS > 1 ? "s" : ""} per evaluation (time per attend).`,
   "",
@@ -154,7 +164,7 @@ for (const ctx of CONTEXTS) {
       continue;
     }
     lines.push(
-      `| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | ${Math.min(...t).toFixed(2)} / ${med(t).toFixed(2)} / ${Math.max(...t).toFixed(2)} | ${(med(t) / med(base.times)).toFixed(2)} |`,
+      `| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | ${formatSpread(t)} | ${(median(t) / median(base.times)).toFixed(2)} |`,
     );
   }
 }

@@ -23,6 +23,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { setKvPrefill } from "@mlx-bun/kv-cache";
 import { Engine } from "@mlx-bun/runtime";
 import { syntheticPrompt } from "./synthetic-prompt.ts";
+import { spread } from "./stats.ts";
 
 const ROOT = resolve(import.meta.dirname, "..", "..");
 const argv = process.argv;
@@ -84,18 +85,13 @@ function prefillOnce(v: Variant, prompt: readonly number[]): number {
   }
 }
 
-const stats = (xs: number[]): { min: number; median: number; max: number } => {
-  const s = [...xs].sort((a, b) => a - b);
-  return { min: s[0]!, median: s[Math.floor(s.length / 2)]!, max: s[s.length - 1]! };
-};
-
 // Report (markdown on stdout), each prompt length as soon as it is measured.
 const gb = (b: number): string => `${(b / 1e9).toFixed(2)} GB`;
 const f1 = (x: number): string => x.toFixed(1);
 function printLength(n: number): void {
-  const bf = stats(rows.find((r) => r.variant === "bf16" && r.length === n)!.tokPerS).median;
+  const bf = spread(rows.find((r) => r.variant === "bf16" && r.length === n)!.tokPerS).median;
   for (const r of rows.filter((x) => x.length === n)) {
-    const s = stats(r.tokPerS);
+    const s = spread(r.tokPerS);
     const path = r.variant === "bf16" ? "fast SDPA" : r.variant.endsWith(" exact") ? "exact (quantized matmul)" : "SDPA over dequantized";
     console.log(
       `| ${n} | ${r.variant.replace(" exact", "")} | ${path} | ${f1(s.min)} / ${f1(s.median)} / ${f1(s.max)} | ${(s.median / bf).toFixed(2)} | ${gb(r.peakBytes)} |`,

@@ -15,6 +15,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { type KvMode, loadModel, parseKvMode } from "@mlx-bun/models";
 import { loadPromptCache, savePromptCache } from "../../packages/runtime/src/kv-store.ts";
 import { runPython } from "../oracle/oracle.ts";
+import { median } from "./stats.ts";
 
 const argv = process.argv;
 const opt = (name: string, def: string): string => {
@@ -40,7 +41,6 @@ const modeOf = (kv: string): { mode: KvMode; opts: { slidingMode?: KvMode } } =>
   opts: kv === "bf16" ? {} : { slidingMode: { kind: "bf16" } },
 });
 
-const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const ms = (t0: number): number => performance.now() - t0;
 
 function evalCaches(caches: Cache[]): void {

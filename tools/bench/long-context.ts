@@ -44,6 +44,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { DecodeRunner, Engine, logSoftmax, Row, Sequence } from "@mlx-bun/runtime";
 import { syntheticPrompt } from "./synthetic-prompt.ts";
 import { Twin } from "./twin.ts";
+import { median } from "./stats.ts";
 
 const ROOT = resolve(import.meta.dirname, "..", "..");
 const argv = process.argv.slice(2);
@@ -70,11 +71,6 @@ if (DECODE < 2) throw new Error("--decode-tokens must be at least 2");
 const T0 = performance.now();
 const elapsed = (): number => (performance.now() - T0) / 1000;
 const log = (s: string): void => console.error(`[long-context +${elapsed().toFixed(0)}s] ${s}`);
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  const k = s.length >> 1;
-  return s.length % 2 ? s[k]! : (s[k - 1]! + s[k]!) / 2;
-};
 
 // ------------------------------------------------------------------------------------------
 // One variant of mlx-bun: prefill, teacher-forced pass, rewind, timed decode

@@ -28,6 +28,7 @@ import { defaultDevice } from "@mlx-bun/mlx-ffi";
 import { loadAssistant } from "@mlx-bun/models";
 import { Engine, SpeculativeDecoder } from "@mlx-bun/runtime";
 import { runPython } from "../oracle/oracle.ts";
+import { formatSpread, median } from "./stats.ts";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const argv = process.argv.slice(2);
@@ -161,13 +162,7 @@ for (let rep = 0; rep < reps; rep++) {
   }
   progress(`rep ${rep + 1}/${reps}: ${[...out].map(([n, o]) => `${n} ${tps(o).toFixed(1)} tok/s, ${(o.tokens.length / o.steps).toFixed(2)}/step`).join("; ")}`);
 }
-const sorted = (a: number[]): number[] => [...a].sort((x, y) => x - y);
-const median = (a: number[]): number | null => (a.length ? sorted(a)[Math.floor(a.length / 2)]! : null);
-const mmm = (a: number[], d = 2): string => {
-  if (!a.length) return "–";
-  const s = sorted(a);
-  return `${s[0]!.toFixed(d)} / ${s[Math.floor(s.length / 2)]!.toFixed(d)} / ${s[s.length - 1]!.toFixed(d)}`;
-};
+const medianOrNull = (a: number[]): number | null => (a.length ? median(a) : null);
 const drafterShape = (w: string) => ({
   dir: drafterDirs[w]!,
   hidden: w === "echo" ? targetShape.hidden : shape.hidden,
@@ -187,10 +182,12 @@ console.log(
 );
 console.log("| --- | --- | --- | --- | --- | --- | --- |");
 for (const [name, e] of res)
-  console.log(`| ${name} | ${mmm(e.tps, 1)} | ${mmm(e.ratio)} | ${mmm(e.perStep)} | ${mmm(e.acc)} | ${mmm(e.cost)} | ${mmm(e.same, 0)} |`);
+  console.log(
+    `| ${name} | ${formatSpread(e.tps, 1)} | ${formatSpread(e.ratio)} | ${formatSpread(e.perStep)} | ${formatSpread(e.acc)} | ${formatSpread(e.cost)} | ${formatSpread(e.same, 0)} |`,
+  );
 if (jsonOut) {
   mkdirSync(dirname(resolve(jsonOut)), { recursive: true });
-  const plainTps = median(res.get("plain")?.tps ?? []);
+  const plainTps = medianOrNull(res.get("plain")?.tps ?? []);
   const json = {
     label,
     date: new Date().toISOString(),
@@ -207,7 +204,13 @@ if (jsonOut) {
         name,
         {
           ...e,
-          median: { tps: median(e.tps), ratio: median(e.ratio), perStep: median(e.perStep), acc: median(e.acc), costMs: median(e.cost) },
+          median: {
+            tps: medianOrNull(e.tps),
+            ratio: medianOrNull(e.ratio),
+            perStep: medianOrNull(e.perStep),
+            acc: medianOrNull(e.acc),
+            costMs: medianOrNull(e.cost),
+          },
         },
       ]),
     ),

@@ -8,6 +8,7 @@ import { fileURLToPath } from "node:url";
 import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { oraclePython } from "../oracle/oracle.ts";
+import { median } from "./stats.ts";
 
 const arg = (name: string, def: number): number => {
   const i = process.argv.indexOf(`--${name}`);
@@ -83,11 +84,6 @@ for (let r = 0; r < REPS; r++) {
 py.stdin.end();
 await py.exited;
 
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((x, y) => x - y);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-};
 const f = (x: number): string => x.toFixed(3).padStart(8);
 console.log(`op overhead: add of two 1-element float32 arrays, ${REPS} interleaved reps (graph n=${N.graph}, eval n=${N.eval}), us/call`);
 console.log(`${"variant".padEnd(8)} ${"impl".padEnd(9)} ${"min".padStart(8)} ${"median".padStart(8)} ${"max".padStart(8)}`);

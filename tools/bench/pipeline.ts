@@ -14,6 +14,7 @@ import { existsSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Engine, type GenerationStream, Scheduler } from "@mlx-bun/runtime";
+import { spread } from "./stats.ts";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const argv = process.argv.slice(2);
@@ -79,12 +80,6 @@ async function once(): Promise<Figures> {
   return out;
 }
 
-function stats(xs: number[]): { min: number; median: number; max: number } {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-  return { min: s[0]!, median: m, max: s.at(-1)! };
-}
-
 async function side(root: string): Promise<Figures> {
   const args = [
     "tools/bench/pipeline.ts",
@@ -128,8 +123,8 @@ if (argv.includes("--once")) {
   console.log(`model ${O.model}, ${O.reps} repetitions (min / median / max)\n`);
   console.log("| figure | this checkout | other | ratio (medians) |\n| --- | --- | --- | --- |");
   for (const k of Object.keys(a[0]!)) {
-    const sa = stats(a.map((x) => x[k]!));
-    const sb = stats(b.map((x) => x[k]!));
+    const sa = spread(a.map((x) => x[k]!));
+    const sb = spread(b.map((x) => x[k]!));
     console.log(
       `| ${k} | ${f(sa.min)} / ${f(sa.median)} / ${f(sa.max)} | ${f(sb.min)} / ${f(sb.median)} / ${f(sb.max)} | ${(sa.median / sb.median).toFixed(3)} |`,
     );

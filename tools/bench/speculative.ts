@@ -19,6 +19,7 @@ import { dirname, join, relative, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { defaultDevice, mlxVersion } from "@mlx-bun/mlx-ffi";
 import { Engine, type GenerationStream, SpeculativeDecoder } from "@mlx-bun/runtime";
+import { spread, type Spread } from "./stats.ts";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const argv = process.argv.slice(2);
@@ -89,13 +90,8 @@ function progress(s: string): void {
 function note(s: string): void {
   process.stderr.write(`${TTY ? "\r\x1b[2K" : ""}[speculative ${clock()}] ${s}\n`);
 }
-type Stat = { min: number; median: number; max: number; n: number };
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-};
-const stat = (xs: number[]): Stat | null => (xs.length ? { min: Math.min(...xs), median: median(xs), max: Math.max(...xs), n: xs.length } : null);
+type Stat = Spread;
+const stat = (xs: number[]): Stat | null => (xs.length ? spread(xs) : null);
 
 // ---- one measured run ----------------------------------------------------------------------
 interface Run {

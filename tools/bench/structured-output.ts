@@ -30,6 +30,7 @@ import {
 } from "@mlx-bun/runtime";
 import { stallProbe } from "./stall-probe.ts";
 import { syntheticTokenizer } from "./synthetic-tokenizer.ts";
+import { spread } from "./stats.ts";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const argv = process.argv.slice(2);
@@ -69,11 +70,6 @@ const SCHEMA = {
 type Variant = "plain" | "history" | "schema";
 const VARIANTS: Variant[] = ["plain", "history", "schema"];
 const STREAMS = [1, 16];
-
-const stats = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return { min: s[0]!, median: s[Math.floor(s.length / 2)]!, max: s.at(-1)! };
-};
 
 async function main(): Promise<void> {
   const engine = Engine.load(O.model);
@@ -146,17 +142,17 @@ async function main(): Promise<void> {
     model: O.model,
     tokens: O.tokens,
     reps: O.reps,
-    decode: Object.fromEntries(Object.entries(figures).map(([k, xs]) => [k, stats(xs)])),
-    grammarBuildMs: { cold: coldMs, cached: stats(warm) },
+    decode: Object.fromEntries(Object.entries(figures).map(([k, xs]) => [k, spread(xs)])),
+    grammarBuildMs: { cold: coldMs, cached: spread(warm) },
     syntheticVocab262144: synth,
     compileStall262144: stall,
   };
   console.log(JSON.stringify(out, null, 2));
   console.log("\n| streams | variant | tok/s min / median / max | × plain (median) |\n| --- | --- | --- | --- |");
   for (const C of STREAMS) {
-    const base = stats(figures[`plain@${C}`]!).median;
+    const base = spread(figures[`plain@${C}`]!).median;
     for (const v of VARIANTS) {
-      const s = stats(figures[`${v}@${C}`]!);
+      const s = spread(figures[`${v}@${C}`]!);
       console.log(`| ${C} | ${v} | ${s.min.toFixed(1)} / ${s.median.toFixed(1)} / ${s.max.toFixed(1)} | ${(s.median / base).toFixed(2)} |`);
     }
   }
@@ -288,7 +284,7 @@ async function syntheticVocab() {
   }
   p.dispose();
   StructuredOutputCompiler.for(fake).close();
-  return { buildMs, cachedBuildMs: cachedMs, steps: adv.length, advanceMs: stats(adv), maskMs: stats(mask) };
+  return { buildMs, cachedBuildMs: cachedMs, steps: adv.length, advanceMs: spread(adv), maskMs: spread(mask) };
 }
 
 if (argv.includes("--synthetic-only")) console.log(JSON.stringify(await syntheticVocab(), null, 2));

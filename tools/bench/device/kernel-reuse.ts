@@ -11,6 +11,7 @@ import { spawnSync } from "node:child_process";
 import { evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { turboValuesKernel } from "../../../packages/kv-cache/src/kernels/turbo-values.ts";
+import { formatSpread } from "../stats.ts";
 
 const ROWS = 64;
 const BITS = 3;
@@ -87,11 +88,6 @@ function time(): void {
   console.log(JSON.stringify({ build, total }));
 }
 
-const stats = (v: number[]): string => {
-  const s = [...v].sort((a, b) => a - b);
-  return `${s[0]!.toFixed(1)} / ${s[s.length >> 1]!.toFixed(1)} / ${s[s.length - 1]!.toFixed(1)}`;
-};
-
 if (process.argv.includes("--time")) {
   time();
 } else {
@@ -114,7 +110,7 @@ if (process.argv.includes("--time")) {
     for (const [reuse, t] of Object.entries(runs)) {
       if (!t.build.length) continue;
       console.log(
-        `kernel-reuse timing, MLX_BUN_KERNEL_REUSE=${reuse}: µs per launch (min / median / max over ${t.build.length}): graph building ${stats(t.build)}; building + evaluation ${stats(t.total)}`,
+        `kernel-reuse timing, MLX_BUN_KERNEL_REUSE=${reuse}: µs per launch (min / median / max over ${t.build.length}): graph building ${formatSpread(t.build, 1)}; building + evaluation ${formatSpread(t.total, 1)}`,
       );
     }
   }

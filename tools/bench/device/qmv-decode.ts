@@ -12,6 +12,7 @@ import { defaultDevice, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { Engine, Sequence } from "@mlx-bun/runtime";
 import { Twin } from "../twin.ts";
+import { spread } from "../stats.ts";
 
 const arg = (f: string, d: string) => {
   const i = process.argv.indexOf(`--${f}`);
@@ -148,10 +149,7 @@ for (let r = 0; r < REPS; r++) {
   }
   log(`rep ${r + 1}/${REPS}: ${names.map((n) => `${n} ${tps[n]!.at(-1)!.toFixed(1)}`).join(", ")}`);
 }
-const mmm = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return { min: s[0]!, median: s[s.length >> 1]!, max: s.at(-1)!, all: xs };
-};
+const mmm = (xs: number[]) => ({ ...spread(xs), all: xs });
 result.tok_s = Object.fromEntries(names.map((n) => [n, mmm(tps[n]!)]));
 result.greedy_first_32 = Object.fromEntries(names.map((n) => [n, JSON.stringify(firstTokens[n]) === JSON.stringify(firstTokens[names[0]!])]));
 save();

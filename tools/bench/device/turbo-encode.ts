@@ -7,6 +7,7 @@
 import { evaluate, type MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { turboQuantCodec } from "@mlx-bun/kv-cache";
+import { formatSpread } from "../stats.ts";
 
 const argv = process.argv.slice(2);
 const opt = (name: string, def: number): number => {
@@ -47,12 +48,8 @@ function once(name: Name, record: boolean): void {
 for (let i = 0; i < 20; i++) for (const n of NAMES) once(n, false);
 for (let i = 0; i < CALLS; i++) for (let j = 0; j < NAMES.length; j++) once(NAMES[(i + j) % NAMES.length]!, true);
 
-const mmm = (xs: number[]): string => {
-  const s = [...xs].sort((a, b) => a - b);
-  return `${s[0]!.toFixed(1)} / ${s[s.length >> 1]!.toFixed(1)} / ${s[s.length - 1]!.toFixed(1)}`;
-};
 console.log(`turbo:4,3 encode of [1, ${HEADS}, 1, ${DIM}] bfloat16, ${CALLS} calls each (µs, min / median / max)`);
-for (const n of NAMES) console.log(`${n.padEnd(9)} build ${mmm(times[n].build)}   build + eval ${mmm(times[n].whole)}`);
+for (const n of NAMES) console.log(`${n.padEnd(9)} build ${formatSpread(times[n].build, 1)}   build + eval ${formatSpread(times[n].whole, 1)}`);
 // Bytes: the kernel's planes against the composition's, on prefill-sized chunks too.
 for (const t of [1, 16, 300]) {
   using a0 = mx.random.normal([1, HEADS, t, DIM]);
