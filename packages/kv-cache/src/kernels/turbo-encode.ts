@@ -4,7 +4,7 @@
 // arithmetic of MLX's CUDA kernels for each op of the composition (docs/turboquant.md, "The
 // encode kernel"), so on CUDA it writes the composition's bytes. No Metal source: MLX's Metal
 // hadamard_transform rounds elsewhere, so Metal keeps the composition.
-import { type MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 
 const tq = mx.turboquant;
@@ -132,9 +132,3 @@ export const turboEncodeKernel = mx.kernels.custom_kernel({
     };
   },
 });
-
-/** Packed codes and RMS of TurboQuant value rows [..., D] (one kernel on CUDA, the composition elsewhere). */
-export function turboEncodeValues(v: MlxArray, signs: MlxArray, boundaries: MlxArray, s?: Stream): [MlxArray, MlxArray] {
-  const [packed, vscale] = turboEncodeKernel.run([v, signs, boundaries], s ? { stream: s } : {});
-  return [packed!, vscale!];
-}
