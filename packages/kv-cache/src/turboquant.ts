@@ -53,16 +53,6 @@ interface Tables {
 }
 
 /**
- * One chunk's planes: keys affine per 32-group; values rotated, divided by their RMS (float32),
- * coded and packed, the RMS kept in the values' dtype (turbo-encode.ts holds the composition).
- */
-function encodeChunk(k: MlxArray, v: MlxArray, signs: MlxArray, boundaries: MlxArray, kBits: number, path: "auto" | "reference"): MlxArray[] {
-  const [kw, ks, kb] = mx.quantize(k, { group_size: TURBO_K_GROUP, bits: kBits });
-  const [packed, vscale] = turboEncodeKernel.run([v, signs, boundaries], { path });
-  return [kw, ks, kb!, packed!, vscale!];
-}
-
-/**
  * Planes per token: K (packed uint32 [.., Dk·kBits/32], scales, biases [.., Dk/32]),
  * V (codes packed uint8 [.., Dv·vBits/8], scale [.., 1]). The value scale is the
  * RMS of the rotated vector, so the coded coordinates are ≈ N(0, 1).
@@ -124,8 +114,12 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
       }
     },
     encode(k, v) {
+      const [kw, ks, kb] = mx.quantize(k, kq);
       const t = tablesFor(v.shape[3]!, v.dtype);
-      return encodeChunk(k, v, t.signs, t.boundaries, kBits, (opts.encoding ?? encodeSetting.get()) === "kernel" ? "auto" : "reference");
+      // The encode kernel where its source runs; its reference is the composition of ops.
+      const path = (opts.encoding ?? encodeSetting.get()) === "kernel" ? "auto" : "reference";
+      const [packed, vscale] = turboEncodeKernel.run([v, t.signs, t.boundaries], { path });
+      return [kw, ks, kb!, packed!, vscale!];
     },
     view: (planes, length) =>
       new PlanesView(planes, length, ([kw, ks, kb, packed, vscale], q, scale, mask, sinks) => {
