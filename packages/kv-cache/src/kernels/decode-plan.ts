@@ -3,6 +3,7 @@
 // plain ops. docs/kv-cache-kernels.md explains the design.
 import { isFloating, MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
+import { processSetting } from "../setting.ts";
 import type { Mask } from "../types.ts";
 import { WARPS } from "./decode-source.ts";
 
@@ -51,13 +52,12 @@ export function decodeRunLength(tokens: number, parts: number, nt: number): numb
 const TILE_REGS = 34;
 /** Most tokens per tile; MLX_BUN_DECODE_TILE (1-8) lowers it, to measure the tile size on a GPU. */
 const MAX_NT = 8;
-const tileCap = (): number => {
-  const env = process.env.MLX_BUN_DECODE_TILE;
-  if (env === undefined || env === "") return MAX_NT;
-  const n = Number(env);
-  if (!Number.isInteger(n) || n < 1 || n > MAX_NT) throw new RangeError(`MLX_BUN_DECODE_TILE must be an integer 1-${MAX_NT}, got "${env}"`);
-  return n;
-};
+const tileCap = processSetting(
+  "MLX_BUN_DECODE_TILE",
+  "the decode tile cap",
+  Array.from({ length: MAX_NT }, (_, i) => String(i + 1)),
+  () => String(MAX_NT),
+);
 
 /**
  * The plan for q [B, Hq, 1, Dk] over `tokens` cached tokens of `kvHeads` heads, or why the
@@ -92,7 +92,7 @@ export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number,
   while (rows * Math.ceil(tokens / run) > MAX_WARPS && run < tokens) run *= 2;
   const parts = Math.ceil(tokens / (run * DECODE_WARPS));
   // A tile's raw K/V words (and mask) stay in registers until decoded: about TILE_REGS per lane.
-  const nt = Math.max(1, Math.min(tileCap(), Math.floor(TILE_REGS / (tokenRegs + 1))));
+  const nt = Math.max(1, Math.min(Number(tileCap.get()), Math.floor(TILE_REGS / (tokenRegs + 1))));
   return { batch, qHeads, kvHeads, nRep, dk, dv, tokens, reps, nt, tpw: decodeRunLength(tokens, parts, nt), parts };
 }
 
