@@ -14,17 +14,20 @@ function sortedCopy(xs: readonly number[], what: string): number[] {
   return [...xs].sort((a, b) => a - b);
 }
 
-/** The median (the mean of the two middle values for an even count). Throws on an empty list. */
-export function median(xs: readonly number[]): number {
-  const s = sortedCopy(xs, "median");
+const middle = (s: readonly number[]): number => {
   const m = s.length >> 1;
   return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+};
+
+/** The median (the mean of the two middle values for an even count). Throws on an empty list. */
+export function median(xs: readonly number[]): number {
+  return middle(sortedCopy(xs, "median"));
 }
 
 /** Min, median and max. Throws on an empty list. */
 export function spread(xs: readonly number[]): Spread {
   const s = sortedCopy(xs, "spread");
-  return { min: s[0]!, median: median(s), max: s[s.length - 1]!, n: s.length };
+  return { min: s[0]!, median: middle(s), max: s[s.length - 1]!, n: s.length };
 }
 
 /** "min / median / max" with `digits` decimals; "–" for no measurements. */
