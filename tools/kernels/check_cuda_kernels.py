@@ -89,11 +89,6 @@ def turbo_values_cases():
 # match exactly. The emulator's references run MLX's CPU kernels: another reduction order, and a
 # Hadamard transform rounded to the dtype once (CUDA's rounds after every radix-16 step), so there
 # a code may move to a neighbour: rarely in float32, about 1% of codes in bfloat16 / float16.
-LLOYD_BOUNDARIES = {  # packages/mlx-ops/src/generated/lloyd-max.ts (midpoints of the centroids)
-    2: [-0.9815988215677937, 0, 0.9815988215677937],
-    3: [-1.747927491520997, -1.0499572798554393, -0.5005497300750495, 0, 0.5005497300750495, 1.0499572798554393, 1.747927491520997],
-    4: [-2.4008033987632693, -1.8435318062766233, -1.4371387916845282, -1.099285826917068, -0.7995497875097112, -0.522403709011376, -0.2582216646707184, 0, 0.2582216646707184, 0.522403709011376, 0.7995497875097112, 1.099285826917068, 1.4371387916845282, 1.8435318062766233, 2.4008033987632693],
-}
 
 
 def pack_bits(codes, bits):
@@ -113,7 +108,8 @@ def turbo_encode_ref(v, signs, boundaries, bits):
     return pack_bits(codes, bits), rms32.astype(v.dtype)
 
 
-def turbo_encode_cases():
+def turbo_encode_cases(lloyd_boundaries):
+    """lloyd_boundaries: bits → the codec's Lloyd-Max boundaries (export-sources.ts writes them)."""
     for dt in (mx.bfloat16, mx.float16, mx.float32):
         for bits in (2, 3, 4):
             for lead, dim in [((1, 8, 1), 512), ((1, 8, 37), 512), ((2, 2, 3), 256), ((1, 1, 5), 128), ((1, 3, 2), 64)]:
@@ -121,7 +117,7 @@ def turbo_encode_cases():
                 v = (mx.random.normal((*lead, dim)) * 0.3).astype(dt)
                 v = mx.concatenate([mx.zeros((*lead[:-1], 1, dim), dtype=dt), v[..., 1:, :]], axis=-2) if lead[-1] > 2 else v
                 signs = mx.where(mx.random.uniform(shape=(dim,)) < 0.5, -1.0, 1.0).astype(dt)
-                boundaries = mx.array(LLOYD_BOUNDARIES[bits], dtype=mx.float32)
+                boundaries = mx.array(lloyd_boundaries[str(bits)], dtype=mx.float32)
                 yield (f"{dt} {bits}-bit {lead}x{dim}", bits, dim,
                        dict(inputs=[v, signs, boundaries], template=[("T", dt), ("D", dim), ("LOGD", int(math.log2(dim))),
                                                                      ("VB", bits), ("NBD", 2**bits - 1)],
@@ -130,9 +126,9 @@ def turbo_encode_cases():
                        turbo_encode_ref(v, signs, boundaries, bits))
 
 
-def check_turbo_encode(k, emulate):
+def check_turbo_encode(k, spec, emulate):
     ok = True
-    for label, bits, dim, launch, (ref_packed, ref_scale) in turbo_encode_cases():
+    for label, bits, dim, launch, (ref_packed, ref_scale) in turbo_encode_cases(spec["codebook_boundaries"]):
         packed, vscale = k(**launch)
         name = f"mlxb_turbo_encode_values {label}"
         if emulate:
@@ -557,7 +553,7 @@ def main() -> None:
             for i, (o, r, (atol, rtol)) in enumerate(zip(outs, refs, tols)):
                 ok = compare(f"{name} {label}" + (f" out{i}" if len(refs) > 1 else ""), o, r, atol, rtol) and ok
     if "mlxb_turbo_encode_values" in specs and (not only or "mlxb_turbo_encode_values" in only):
-        ok = check_turbo_encode(compiled(specs["mlxb_turbo_encode_values"], emulate), emulate) and ok
+        ok = check_turbo_encode(compiled(specs["mlxb_turbo_encode_values"], emulate), specs["mlxb_turbo_encode_values"], emulate) and ok
     combine = compiled(specs["mlxb_decode_combine"], emulate) if "mlxb_decode_combine" in specs else None
     for name, cases in DECODE.items():
         if name not in specs or (only and name not in only and "mlxb_decode_combine" not in only):

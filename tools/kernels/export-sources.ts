@@ -3,6 +3,7 @@
 //   bun tools/kernels/export-sources.ts out.json && python tools/kernels/check_cuda_kernels.py out.json
 import { geglu_kernel } from "../../packages/mlx-ops/src/kernels/geglu.ts";
 import { qmv_kernel } from "../../packages/mlx-ops/src/kernels/qmv.ts";
+import { LLOYD_MAX_GAUSSIAN } from "../../packages/mlx-ops/src/turboquant.ts";
 import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-decode.ts";
 import { decodeCombineKernel } from "../../packages/kv-cache/src/kernels/decode-combine.ts";
 import { turboDecodeKernel } from "../../packages/kv-cache/src/kernels/turbo-decode.ts";
@@ -27,6 +28,10 @@ const kernels = [
   ensure_row_contiguous: spec.ensure_row_contiguous !== false,
   metal: spec.metal ?? null,
   cuda: spec.cuda ?? null,
+  // The encode kernel runs with the codec's Lloyd-Max boundaries: the checker drives it with them.
+  ...(spec.name === turboEncodeKernel.name
+    ? { codebook_boundaries: Object.fromEntries(Object.entries(LLOYD_MAX_GAUSSIAN).map(([bits, book]) => [bits, book.boundaries])) }
+    : {}),
 }));
 await Bun.write(out, JSON.stringify(kernels, null, 1));
 console.log(`wrote ${kernels.length} kernel(s) to ${out}`);
