@@ -42,6 +42,18 @@ class Sliced:
         return self.full[:, :, : self.t]
 
 
+class Strided(Sliced):
+    """The same tokens as Sliced from a buffer stored transposed ([B, H, X, T]): a plane whose last
+    axis is not contiguous, which the kernels read with their generic (strided) loads."""
+
+    def __init__(self, full, t):
+        super().__init__(mx.contiguous(full.swapaxes(2, 3)), t)
+
+    @property
+    def mx(self):
+        return self.full.swapaxes(2, 3)[:, :, : self.t]
+
+
 def as_mx(a):
     return a.mx if isinstance(a, Sliced) else a
 
@@ -145,7 +157,8 @@ def check_turbo_encode(k, spec, emulate):
 
 # ----------------------------------------------------------------------------- decode attention
 # Mirrors packages/kv-cache/src/kernels/decode-plan.ts (decodePlan, partialsLaunch).
-WARPS, MAX_WARPS, LANE_FLOATS, TILE_REGS, MAX_NT = 4, 4096, 32, 34, 8
+WARPS, MAX_WARPS, MIN_RUN, LANE_FLOATS, TILE_REGS, MAX_NT = 4, 8192, 32, 32, 34, 8
+COMBINE_WARPS = 16  # decode-source.ts
 TURBO_VALUE_TOKEN_REGS = 3
 
 
@@ -161,11 +174,9 @@ def plan(b, hq, hkv, dk, dv, t, token_regs):
     per = max(dk, dv) // 32
     reps = next(r for r in range(n_rep, 0, -1) if n_rep % r == 0 and r * per <= LANE_FLOATS)
     rows = b * hkv * (n_rep // reps)
-    run = 32
-    while rows * math.ceil(t / run) > MAX_WARPS and run < t:
-        run *= 2
+    nt = max(1, min(MAX_NT, TILE_REGS // (token_regs + 1), 32 // 2 ** math.ceil(math.log2(reps))))
+    run = math.ceil(max(MIN_RUN, math.ceil(t * rows / MAX_WARPS)) / nt) * nt
     parts = math.ceil(t / (run * WARPS))
-    nt = max(1, min(MAX_NT, TILE_REGS // (token_regs + 1)))
     tpw = math.ceil(math.ceil(t / (parts * WARPS)) / nt) * nt  # decodeRunLength
     return dict(b=b, hq=hq, hkv=hkv, n_rep=n_rep, dk=dk, dv=dv, t=t, reps=reps, nt=nt, tpw=tpw, parts=parts)
 
@@ -177,7 +188,7 @@ def partials_launch(p, mask, extra, dt):
         output_shapes=[(rows, p["parts"], p["dv"]), (rows, p["parts"]), (rows, p["parts"])],
         output_dtypes=[mx.float32] * 3,
         template=[("T", dt), ("DK", p["dk"]), ("DV", p["dv"]), ("NREP", p["n_rep"]), ("REPS", p["reps"]),
-                  ("NT", p["nt"]), ("MASK_MODE", 1 if mask.dtype == mx.bool_ else 2), *extra])
+                  ("NT", p["nt"]), ("MASK_MODE", (0 if mask.size == 1 else 1) if mask.dtype == mx.bool_ else 2), *extra])
 
 
 def ref_partials(p, qs, keys, values, mask):
@@ -202,7 +213,7 @@ def ref_combine(po, pm, pl, b, hq, dt):
 
 
 def combine_launch(p, dt):
-    return dict(grid=(p["dv"] // 32 * 8 * 32, p["b"] * p["hq"], 1), threadgroup=(8 * 32, 1, 1),  # decode-combine.ts
+    return dict(grid=(p["dv"] // 32 * COMBINE_WARPS * 32, p["b"] * p["hq"], 1), threadgroup=(COMBINE_WARPS * 32, 1, 1),  # decode-combine.ts
                 output_shapes=[(p["b"], p["hq"], 1, p["dv"])], output_dtypes=[dt], template=[("T", dt), ("DV", p["dv"])])
 
 
@@ -261,9 +272,11 @@ def affine_cases():
                                                     group_size=group, bits=bits)
                 keys, values = deq(*kq), deq(*vq)
                 p = plan(b, hq, hkv, d, d, t, 2 * affine_token_regs(d, bits, group))
-                inputs = [qs, *(Sliced(a, t) for a in (*kq, *vq)), mask]
+                # One shape per dtype with planes whose last axis is strided: the kernels' generic loads.
+                wrap, layout = (Strided, " strided") if i == 2 else (Sliced, "")
+                inputs = [qs, *(wrap(a, t) for a in (*kq, *vq)), mask]
                 launch = dict(inputs=inputs, **partials_launch(p, mask, [("BK", bits), ("GK", group), ("BV", bits), ("GV", group)], dt))
-                yield DecodeCase(f"{dt} {bits}-bit g{group} B{b} Hq{hq}/Hkv{hkv} D{d} T{t} mask {kind} (tpw {p['tpw']})",
+                yield DecodeCase(f"{dt} {bits}-bit g{group} B{b} Hq{hq}/Hkv{hkv} D{d} T{t} mask {kind}{layout} (tpw {p['tpw']})",
                                  launch, p, qs, keys, values, mask, dt)
 
 
@@ -286,9 +299,11 @@ def turbo_cases():
                                      group_size=32, bits=k_bits)
                 values = (centroids[unpack_bits(codes[:, :, :t], v_bits, d)] * vscale[:, :, :t].astype(mx.float32)).astype(dt).astype(mx.float32)
                 p = plan(b, hq, hkv, d, d, t, affine_token_regs(d, k_bits, 32) + TURBO_VALUE_TOKEN_REGS)
-                inputs = [qs, *(Sliced(a, t) for a in kq), Sliced(codes, t), Sliced(vscale, t), centroids, mask]
+                # One shape per dtype with planes whose last axis is strided: the kernels' generic loads.
+                wrap, layout = (Strided, " strided") if i == 2 else (Sliced, "")
+                inputs = [qs, *(wrap(a, t) for a in kq), wrap(codes, t), wrap(vscale, t), centroids, mask]
                 launch = dict(inputs=inputs, **partials_launch(p, mask, [("BK", k_bits), ("GK", 32), ("VB", v_bits)], dt))
-                yield DecodeCase(f"{dt} k{k_bits}/v{v_bits} B{b} Hq{hq}/Hkv{hkv} D{d} T{t} mask {kind} (tpw {p['tpw']})",
+                yield DecodeCase(f"{dt} k{k_bits}/v{v_bits} B{b} Hq{hq}/Hkv{hkv} D{d} T{t} mask {kind}{layout} (tpw {p['tpw']})",
                                  launch, p, qs, keys, values, mask, dt)
 
 
@@ -470,7 +485,11 @@ int main(int, char** argv) {{
     def __call__(self, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
         flat = []
         for a in inputs:
-            if isinstance(a, Sliced) and not self.ensure_contiguous:
+            if isinstance(a, Strided) and not self.ensure_contiguous:
+                full = mx.contiguous(a.full)  # [B, H, X, T] read as [B, H, t, X]
+                b_, h_, x_, t_ = full.shape
+                flat.append((full, [b_, h_, a.t, x_], [h_ * x_ * t_, x_ * t_, 1, t_]))
+            elif isinstance(a, Sliced) and not self.ensure_contiguous:
                 full = mx.contiguous(a.full)
                 shape = list(full.shape)
                 strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]

@@ -12,6 +12,9 @@
 #   bench  tools/bench/kv-cache.ts: fused kernels vs bf16 (fast SDPA and the split-K kernel) at 1k / 8k /
 #          32k / 128k tokens (CONTEXTS; UNFUSED=1 adds the unfused path; LAYERS=N times N attends
 #          per evaluation), then at 16 / 8 heads of 512
+#   profile Nsight Compute (ncu, full set) of the pass-1 and pass-2 kernels of PROFILE_MODES (default
+#          turbo:4,3) at 131,072 tokens, 16 / 8 heads of 512 and 8 / 2 heads of 256: details and the
+#          SASS with its stall samples as text (NCU=path of ncu)
 # Everything goes to $OUT.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -47,5 +50,25 @@ if has bench; then
   log "kv-cache bench: 16 query / 8 KV heads of 512"
   timeout "${BENCH_S:-420}" .native/bin/bun tools/bench/kv-cache.ts --reps "${REPS:-7}" --heads 16,8 --dim 512 ${LAYERS:+--layers "$LAYERS"} \
     --contexts "${CONTEXTS512:-32768,131072}" --json "$OUT/kv-cache-h200-d512.json" 2>/dev/null | tee "$OUT/kv-cache-h200-d512.md"
+fi
+if has profile; then
+  NCU="${NCU:-/usr/local/cuda/bin/ncu}"
+  # PROFILE_SHAPES: "Hq,Hkv D" pairs separated by ';'.
+  IFS=';' read -ra shapes <<<"${PROFILE_SHAPES:-16,8 512;8,2 256}"
+  for shape in "${shapes[@]}"; do
+    set -- $shape
+    tag="h${1%,*}-d$2"
+    log "ncu: ${PROFILE_MODES:-turbo:4,3} at 131072 tokens, heads $1 of $2"
+    # Skip the first launches (compilation, the first rep); profile one launch of each kernel.
+    timeout "${PROFILE_S:-240}" "$NCU" --set full --import-source no -k "regex:mlxb_.*decode" --launch-skip 2 --launch-count 2 \
+      -o "$OUT/ncu-$tag" -f .native/bin/bun tools/bench/kv-cache.ts --reps 3 --heads "$1" --dim "$2" \
+      --contexts 131072 --modes "${PROFILE_MODES:-turbo:4,3}" >"$OUT/ncu-$tag.log" 2>&1
+    echo "ncu exit $?"; tail -5 "$OUT/ncu-$tag.log"
+    "$NCU" -i "$OUT/ncu-$tag.ncu-rep" --page details >"$OUT/ncu-$tag-details.txt" 2>&1
+    "$NCU" -i "$OUT/ncu-$tag.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu-$tag-sass.csv" 2>&1
+    grep -E "Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Theoretical Occupancy|Waves Per SM" "$OUT/ncu-$tag-details.txt" | head -30
+    # What comes back from the device is limited in count: the report and the log stay there.
+    rm -f "$OUT/ncu-$tag.ncu-rep" "$OUT/ncu-$tag.log"
+  done
 fi
 log "done"

@@ -13,7 +13,7 @@ import { affineDecoder, affineTokenRegs, type Backend, partialsSource } from "./
 /** Bit widths the kernel decodes (a code never straddles a uint32 word); others stay unfused. */
 export const AFFINE_DECODE_BITS: readonly number[] = [2, 4, 8];
 
-const source = (b: Backend): string => partialsSource(b, affineDecoder("k", "kf", "EK", "BK", "GK"), affineDecoder("v", "vf", "EV", "BV", "GV"));
+const source = (b: Backend): string => partialsSource(b, affineDecoder(b, "k", "kf", "EK", "BK", "GK"), affineDecoder(b, "v", "vf", "EV", "BV", "GV"));
 
 interface Shapes {
   plan: DecodePlan;

@@ -11,8 +11,21 @@ import { WARPS } from "./decode-source.ts";
 export const DECODE_MAX_DIM = 512;
 /** Warps per threadgroup (128 threads); a threadgroup writes one partial for its WARPS runs. */
 export const DECODE_WARPS = WARPS;
-/** Split tokens until at most this many warps run: 31 per SM of a 132-SM GPU, few partials to merge. */
-const MAX_WARPS = 4096;
+/**
+ * Warps to split the tokens over: threadgroups of several waves, so the last, partial wave is a
+ * small share of the time (the H200 profile of 4,096 warps at 131k tokens: 1.3 waves of
+ * 3 threadgroups per SM, a fifth of the time lost to the tail), yet few partials for pass 2.
+ */
+const MAX_WARPS = 8192;
+/** MLX_BUN_DECODE_WARPS (1024-32768, powers of two) sets it, to measure the split on a GPU. */
+const warpTarget = processSetting(
+  "MLX_BUN_DECODE_WARPS",
+  "the decode warp target",
+  Array.from({ length: 6 }, (_, i) => String(1024 << i)),
+  () => String(MAX_WARPS),
+);
+/** Fewest tokens a warp takes (its query loads and the merge of partials are paid per run). */
+const MIN_RUN = 32;
 /** Floats per lane for the queries (and as many for the accumulators) a warp carries. */
 const LANE_FLOATS = 32;
 
@@ -88,11 +101,12 @@ export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number,
     }
   }
   const rows = batch * kvHeads * (nRep / reps);
-  let run = 32;
-  while (rows * Math.ceil(tokens / run) > MAX_WARPS && run < tokens) run *= 2;
-  const parts = Math.ceil(tokens / (run * DECODE_WARPS));
   // A tile's raw K/V words (and mask) stay in registers until decoded: about TILE_REGS per lane.
-  const nt = Math.max(1, Math.min(Number(tileCap.get()), Math.floor(TILE_REGS / (tokenRegs + 1))));
+  // The tile's NT × REPS scores, each padded to a power of two, share the warp's 32 lanes (decode-source.ts).
+  const nt = Math.max(1, Math.min(Number(tileCap.get()), Math.floor(TILE_REGS / (tokenRegs + 1)), 32 / 2 ** Math.ceil(Math.log2(reps))));
+  // Runs of whole tiles, about MAX_WARPS of them over every row (not fewer than MIN_RUN tokens).
+  const run = Math.ceil(Math.max(MIN_RUN, Math.ceil((tokens * rows) / Number(warpTarget.get()))) / nt) * nt;
+  const parts = Math.ceil(tokens / (run * DECODE_WARPS));
   return { batch, qHeads, kvHeads, nRep, dk, dv, tokens, reps, nt, tpw: decodeRunLength(tokens, parts, nt), parts };
 }
 
@@ -115,7 +129,8 @@ export function partialsLaunch(p: DecodePlan, mask: MlxArray) {
       ["NREP", p.nRep],
       ["REPS", p.reps],
       ["NT", p.nt],
-      ["MASK_MODE", mask.dtype === "bool" ? 1 : 2],
+      // 0: one boolean for every key (decodeMask's form of no mask), read once.
+      ["MASK_MODE", mask.dtype === "bool" ? (mask.size === 1 ? 0 : 1) : 2],
     ] as [string, number][],
   };
 }

@@ -8,7 +8,7 @@ export type Backend = "metal" | "cuda";
 /** Warps (simdgroups) per threadgroup of pass 1; their runs are merged before one partial is written. */
 export const WARPS = 4;
 /** Warps per threadgroup of pass 2 (each takes every COMBINE_WARPS-th partial). */
-export const COMBINE_WARPS = 8;
+export const COMBINE_WARPS = 16;
 
 interface Ops {
   /** Per-warp (CUDA) / per-simdgroup (Metal) index variables. */
@@ -19,8 +19,8 @@ interface Ops {
   exp: string;
   max: string;
   negInf: string;
-  /** Sum each `x[j][r]` (j < NT, r < REPS) across the warp; the NT·REPS butterflies interleaved. */
-  warpSums: (x: string) => string;
+  /** Lane `lane ^ off`'s float `v`. */
+  shuffleXor: (v: string, off: string) => string;
   /** Max / sum of one float across the warp, every lane getting the result. */
   warpMax: (x: string) => string;
   warpSum: (x: string) => string;
@@ -49,12 +49,7 @@ const OPS: Record<Backend, Ops> = {
     exp: "expf",
     max: "fmaxf",
     negInf: "(-cuda::std::numeric_limits<float>::infinity())",
-    warpSums: (x) => `for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int r = 0; r < REPS; ++r) ${x}[j][r] += __shfl_xor_sync(0xffffffffu, ${x}[j][r], off);
-    }`,
+    shuffleXor: (v, off) => `__shfl_xor_sync(0xffffffffu, ${v}, ${off})`,
     warpMax: (x) => `for (int off = 16; off > 0; off >>= 1) ${x} = fmaxf(${x}, __shfl_xor_sync(0xffffffffu, ${x}, off));`,
     warpSum: (x) => `for (int off = 16; off > 0; off >>= 1) ${x} += __shfl_xor_sync(0xffffffffu, ${x}, off);`,
     shuffle: (v, src) => `__shfl_sync(0xffffffffu, ${v}, ${src})`,
@@ -74,7 +69,7 @@ const OPS: Record<Backend, Ops> = {
     exp: "metal::precise::exp",
     max: "metal::fmax",
     negInf: "(-metal::numeric_limits<float>::infinity())",
-    warpSums: (x) => `for (int j = 0; j < NT; ++j) for (int r = 0; r < REPS; ++r) ${x}[j][r] = metal::simd_sum(${x}[j][r]);`,
+    shuffleXor: (v, off) => `metal::simd_shuffle_xor(${v}, (ushort)(${off}))`,
     warpMax: (x) => `${x} = metal::simd_max(${x});`,
     warpSum: (x) => `${x} = metal::simd_sum(${x});`,
     shuffle: (v, src) => `metal::simd_shuffle(${v}, (ushort)(${src}))`,
@@ -96,13 +91,30 @@ const HIDDEN = "-3.4028234663852886e38f";
  * decoded floats are n: a tile holds several times more tokens in flight in the same registers.
  * `prelude` runs once per lane before the token loop. The registers a lane holds per slot
  * (affineTokenRegs, TURBO_VALUE_TOKEN_REGS) size the tile (decodePlan).
+ *
+ * `fast` (CUDA): the same raw words through lane pointers set once (`fast.prelude`), 32-bit row
+ * offsets and vector loads, where `load` computes a 64-bit offset through four strides per plane
+ * and token (the H200 profile: two thirds of pass 1's instructions were such address arithmetic
+ * and byte loads). The kernel takes it when every decoder's `fast.ok` holds: a warp-uniform test
+ * of the planes' strides and alignment that the caches' planes (slices along T of row-major
+ * buffers) pass; any other layout takes `load`.
  */
 export interface Decoder {
   prelude: string;
   regs: string;
   load: string;
+  fast?: { prelude: string; ok: string; load: string };
   decode: string;
+  /**
+   * CUDA, keys: score slot j straight from the raw words (`code` sets sc[j][r] for every query head)
+   * where the constexpr `when` holds, instead of decoding `kf` and dotting it; `prelude` runs once
+   * the queries are loaded (and may rescale them: they are used for nothing else).
+   */
+  score?: { when: string; prelude: string; code: string };
 }
+
+/** A test that row offsets of plane `a` up to its last token fit 32 bits (so a lane pointer plus `t · stride` is exact). */
+const rows32 = (a: string): string => `(${a}_strides[2] >= 0 && (int64_t)${a}_shape[2] * ${a}_strides[2] + ${a}_shape[3] < 2147483647LL)`;
 
 /**
  * Affine decode of plane `p` (`${p}w` packed uint32, `${p}s` scales, `${p}b` biases) for lane
@@ -111,7 +123,7 @@ export interface Decoder {
  * (mx.dequantize's formula). The lane's N·BITS bits span NW words; its elements one group (N
  * divides GROUP: N a power of two) or two.
  */
-export function affineDecoder(p: string, out: string, n: string, bits: string, group: string): Decoder {
+export function affineDecoder(backend: Backend, p: string, out: string, n: string, bits: string, group: string): Decoder {
   const [w, s, bias] = [`${p}w`, `${p}s`, `${p}b`];
   const prelude = `
   constexpr int ${p}_LB = ${n} * ${bits};
@@ -151,7 +163,76 @@ export function affineDecoder(p: string, out: string, n: string, bits: string, g
         const int g = ${p}_NG == 1 ? 0 : (lane * ${n} + i) / ${group} - ${p}_g0;
         ${out}[i] = static_cast<float>(code) * ${p}_sc[j][g] + ${p}_bi[j][g];
       }`;
-  return { prelude, regs, load, decode };
+  if (backend !== "cuda") return { prelude, regs, load, decode };
+  // Scores from the codes: q·k = s·Σ q_i·c_i + b·Σ q_i over the lane's one group. Code c_i, at
+  // bit p of its word (of the word >> 16 when p ≥ 16), becomes the float c_i·2^(p mod 16) with one
+  // logical op and one exact subtraction (2^23 + c·2^q − 2^23); the queries carry the 2^−q (exact).
+  // Per element that is two instructions where shift, mask, int-to-float and dequantize were four.
+  const score = {
+    when: `${p}_NG == 1 && (${p}_LB % 32 == 0 || 32 % ${p}_LB == 0)`,
+    prelude: `
+  float ${p}_qsum[REPS];
+  if constexpr (${p}_NG == 1 && (${p}_LB % 32 == 0 || 32 % ${p}_LB == 0)) {
+    ${UNROLL}
+    for (int r = 0; r < REPS; ++r) {
+      float acc = 0.0f;
+      ${UNROLL}
+      for (int i = 0; i < ${n}; ++i) acc += qv[r][i];
+      ${p}_qsum[r] = acc;
+      ${UNROLL}
+      for (int i = 0; i < ${n}; ++i) qv[r][i] *= 1.0f / (float)(1 << ((i * ${bits}) & 15));
+    }
+  }`,
+    code: `
+        float dot[REPS];
+        ${UNROLL}
+        for (int r = 0; r < REPS; ++r) dot[r] = 0.0f;
+        ${UNROLL}
+        for (int i = 0; i < ${n}; ++i) {
+          const int bit = i * ${bits};
+          const uint32_t wd = (${p}_LB % 32 == 0) ? ${p}_raw[j][${p}_NW == 1 ? 0 : (bit >> 5)] : (${p}_raw[j][0] >> ${p}_off0);
+          const uint32_t src = (bit & 31) < 16 ? wd : (wd >> 16);
+          const float c = __uint_as_float(0x4B000000u | (src & (((1u << ${bits}) - 1u) << (bit & 15)))) - 8388608.0f;
+          ${UNROLL}
+          for (int r = 0; r < REPS; ++r) dot[r] += qv[r][i] * c;
+        }
+        ${UNROLL}
+        for (int r = 0; r < REPS; ++r) sc[j][r] = dot[r] * ${p}_sc[j][0] + ${p}_bi[j][0] * ${p}_qsum[r];`,
+  };
+  // The lane's NW words as one vector load where they are 1, 2 or 4 aligned words of one group.
+  const fast = {
+    prelude: `
+  constexpr int ${p}_VW = (${p}_ALIGNED && ${p}_NG == 1 && (${p}_NW == 1 || ${p}_NW == 2 || ${p}_NW == 4)) ? ${p}_NW : 0;
+  const uint32_t* ${p}_wl = ${w} + (b * ${w}_strides[0] + h * ${w}_strides[1] + ${p}_word0);
+  const auto* ${p}_sl = ${s} + (b * ${s}_strides[0] + h * ${s}_strides[1] + ${p}_g0);
+  const auto* ${p}_bl = ${bias} + (b * ${bias}_strides[0] + h * ${bias}_strides[1] + ${p}_g0);
+  const int ${p}_wrs = (int)${w}_strides[2];
+  const int ${p}_srs = (int)${s}_strides[2];
+  const int ${p}_brs = (int)${bias}_strides[2];`,
+    ok: `(${p}_VW > 0 && ${w}_strides[3] == 1 && (${s}_shape[3] == 1 || ${s}_strides[3] == 1) && (${bias}_shape[3] == 1 || ${bias}_strides[3] == 1) &&
+        (reinterpret_cast<uintptr_t>(${p}_wl) % (4 * (${p}_VW > 0 ? ${p}_VW : 1))) == 0 && ${p}_wrs % (${p}_VW > 0 ? ${p}_VW : 1) == 0 &&
+        ${rows32(w)} && ${rows32(s)} && ${rows32(bias)})`,
+    load: `
+      {
+        const uint32_t* wp = ${p}_wl + t * ${p}_wrs;
+        if constexpr (${p}_VW == 4) {
+          const uint4 x = *reinterpret_cast<const uint4*>(wp);
+          ${p}_raw[j][0] = x.x;
+          ${p}_raw[j][${p}_NW > 1 ? 1 : 0] = x.y;
+          ${p}_raw[j][${p}_NW > 2 ? 2 : 0] = x.z;
+          ${p}_raw[j][${p}_NW > 3 ? 3 : 0] = x.w;
+        } else if constexpr (${p}_VW == 2) {
+          const uint2 x = *reinterpret_cast<const uint2*>(wp);
+          ${p}_raw[j][0] = x.x;
+          ${p}_raw[j][${p}_NW > 1 ? 1 : 0] = x.y;
+        } else if constexpr (${p}_VW == 1) {
+          ${p}_raw[j][0] = *wp;
+        }
+        ${p}_sc[j][0] = static_cast<float>(${p}_sl[t * ${p}_srs]);
+        ${p}_bi[j][0] = static_cast<float>(${p}_bl[t * ${p}_brs]);
+      }`,
+  };
+  return { prelude, regs, load, fast, decode, score };
 }
 
 /** 32-bit registers affineDecoder holds per token for `dim` elements of `bits` bits in groups of `group`. */
@@ -200,17 +281,46 @@ export function turboValueDecoder(backend: Backend, out: string): Decoder {
         }
         v_raw[j] = vbits >> (vBit0 & 7);
       }`;
+  // CUDA's shuffle reads only the low 5 bits of its source lane, and lane c holds centroid c mod NC:
+  // the code needs no mask there.
+  const codeMask = backend === "cuda" ? "" : " & (NC - 1)";
   const decode = `
       {
         // The same float32 product and rounding to T as the reference, once per lane and token.
         const float tv = static_cast<float>(static_cast<T>(cent * v_rs[j]));
         ${UNROLL}
         for (int i = 0; i < EV; ++i) {
-          const int code = (int)((v_raw[j] >> (i * VB)) & (uint64_t)(NC - 1));
+          const int code = (int)((uint32_t)(v_raw[j] >> (i * VB))${codeMask});
           ${out}[i] = ${OPS[backend].shuffle("tv", "code")};
         }
       }`;
-  return { prelude, regs, load, decode };
+  if (backend !== "cuda") return { prelude, regs, load, decode };
+  // The lane's codes as one or two aligned 32-bit words: a row's DV·VB/8 bytes are whole words.
+  const fast = {
+    prelude: `
+  // A lane's codes start at bit lane·VBITS: at most 32 − gcd(VBITS, 32) bits into a word.
+  constexpr int VOFF = (VLOW >= 32) ? 0 : 32 - VLOW;
+  constexpr int VNW = (VBITS + VOFF + 31) / 32;
+  const int vRowW = vc_shape[3] >> 2;
+  const int vW0 = vBit0 >> 5;
+  // The last lane's second word may lie past the row: it re-reads the row's last (bits unused).
+  const int vW1 = (vW0 + 1 < vRowW) ? vW0 + 1 : vRowW - 1;
+  const uint32_t* vcl = reinterpret_cast<const uint32_t*>(vc + (b * vc_strides[0] + h * vc_strides[1]));
+  const auto* vsl = vs + (b * vs_strides[0] + h * vs_strides[1]);
+  const int vcrs = (int)(vc_strides[2] >> 2);
+  const int vsrs = (int)vs_strides[2];`,
+    ok: `(VNW <= 2 && vc_strides[3] == 1 && (vc_shape[3] & 3) == 0 && (vc_strides[2] & 3) == 0 && (reinterpret_cast<uintptr_t>(vcl) & 3) == 0 &&
+        ${rows32("vc")} && ${rows32("vs")})`,
+    load: `
+      {
+        const uint32_t* cp = vcl + t * vcrs;
+        const uint32_t w0 = cp[vW0];
+        const uint32_t w1 = VNW > 1 ? cp[vW1] : 0u;
+        v_raw[j] = ((uint64_t)w1 << 32 | w0) >> (vBit0 & 31);
+        v_rs[j] = static_cast<float>(vsl[t * vsrs]);
+      }`,
+  };
+  return { prelude, regs, load, fast, decode };
 }
 /** 32-bit registers turboValueDecoder holds per token: the 64-bit codes and the row scale. */
 export const TURBO_VALUE_TOKEN_REGS = 3;
@@ -227,11 +337,116 @@ export const TURBO_VALUE_TOKEN_REGS = 3;
  * (running max m, sum l, unnormalized output o, float32), and each slot's values are decoded into
  * the accumulators. Then the warps' (m, l, o) are merged in threadgroup memory and the
  * threadgroup writes one partial; pass 2 (decode-combine.ts) merges those.
- * Templates: T, DK, DV, NREP (query heads per KV head), REPS, NT, MASK_MODE (1 boolean,
- * 2 additive) and the decoders' own. The decoders write `kf` / `vf` (EK / EV floats).
+ * Templates: T, DK, DV, NREP (query heads per KV head), REPS, NT, MASK_MODE (0 one boolean
+ * for every key, 1 boolean, 2 additive) and the decoders' own. The decoders write `kf` / `vf` (EK / EV floats).
  */
 export function partialsSource(backend: Backend, key: Decoder, value: Decoder): string {
   const o = OPS[backend];
+  const tiles = (fast: boolean): string => `  for (int tb = t0; tb < t1; tb += NT) {${key.regs}${value.regs}
+    float mv[NT];
+    ${o.unroll}
+    for (int j = 0; j < NT; ++j) {
+      // A slot past the run re-reads its last token (in bounds) and is dropped below.
+      const int t = (tb + j < t1) ? tb + j : t1 - 1;${fast ? key.fast!.load : key.load}${fast ? value.fast!.load : value.load}
+      mv[j] = MASK_MODE == 0 ? mask0 : static_cast<float>(mask[mrow + (int64_t)t * mstride]);
+    }
+    float sc[NT][REPS];
+    ${o.unroll}
+    for (int j = 0; j < NT; ++j) {${key.score ? `\n      if constexpr (${key.score.when}) {${key.score.code}\n      } else {` : ""}
+      float kf[EK];${key.decode}
+      ${o.unroll}
+      for (int r = 0; r < REPS; ++r) {
+        float acc = 0.0f;
+        ${o.unroll}
+        for (int i = 0; i < EK; ++i) acc += qv[r][i] * kf[i];
+        sc[j][r] = acc;
+      }${key.score ? "\n      }" : ""}
+    }
+    // Reduce-scatter: at each butterfly level a lane keeps half of its sums and sends the other half,
+    // so after log2(VP) levels lane L holds the whole sum of one (slot, head) k = L >> SH (the same
+    // pairs added in the same order as a full butterfly of every sum: the same bits, in 1/VP of
+    // the shuffles). The online-softmax update then runs once per (slot, head) instead of in every
+    // lane, and each probability reaches every lane by one shuffle.
+    float x[VP];
+    ${o.unroll}
+    for (int k = 0; k < VP; ++k) x[k] = ((k / RP) < NT && (k % RP) < REPS) ? sc[(k / RP) < NT ? k / RP : 0][(k % RP) < REPS ? k % RP : 0] : 0.0f;
+    ${o.unroll}
+    for (int lvl = 0; lvl < 5; ++lvl) {
+      const int off = 16 >> lvl;
+      const bool up = (lane & off) != 0;
+      ${o.unroll}
+      for (int i = 0; i < ((VP >> lvl) > 1 ? (VP >> lvl) / 2 : 0); ++i) {
+        const int hh = (VP >> lvl) / 2;
+        const float keep = up ? x[i + hh] : x[i];
+        const float send = up ? x[i] : x[i + hh];
+        x[i] = keep + ${o.shuffleXor("send", "off")};
+      }
+      if ((VP >> lvl) <= 1) x[0] += ${o.shuffleXor("x[0]", "off")};
+    }
+    // This lane's (slot, head): its mask, its bound, then each head's tile max over the slots' lanes.
+    float mvo = mv[0];
+    ${o.unroll}
+    for (int jj = 1; jj < NT; ++jj) mvo = (j_own == jj) ? mv[jj] : mvo;
+    float so = x[0];
+    if (MASK_MODE != 2) so = (mvo != 0.0f) ? so : ${HIDDEN};
+    else so += mvo;
+    so = (own_live && tb + j_own < t1) ? so : ${o.negInf};
+    float tm = so;
+    ${o.unroll}
+    for (int bt = SH + LGR; bt < 5; ++bt) tm = ${o.max}(tm, ${o.shuffleXor("tm", "1 << bt")});
+    // Each head's new running max, in every lane; rescale (by exp(m − m') = 1 for a head whose max
+    // held: the same bits as skipping it) only when one grew. An all −∞ head (an additive mask's
+    // prefix) keeps m = −∞ and gets alpha 0 and probabilities 0: nothing, as before.
+    float mn[REPS];
+    bool grow = false;
+    ${o.unroll}
+    for (int r = 0; r < REPS; ++r) {
+      mn[r] = ${o.max}(m[r], ${o.shuffle("tm", "r << SH")});
+      grow = grow || (mn[r] != m[r]);
+    }
+    if (grow) {
+      ${o.unroll}
+      for (int r = 0; r < REPS; ++r) {
+        const float alpha = (mn[r] == m[r]) ? 1.0f : ((m[r] == ${o.negInf}) ? 0.0f : ${o.exp}(m[r] - mn[r]));
+        l[r] *= alpha;
+        ${o.unroll}
+        for (int i = 0; i < EV; ++i) o[r][i] *= alpha;
+        m[r] = mn[r];
+      }
+    }
+    float mo = mn[0];
+    ${o.unroll}
+    for (int rr = 1; rr < REPS; ++rr) mo = (r_own == rr) ? mn[rr] : mo;
+    const float po = (so == ${o.negInf}) ? 0.0f : ${o.exp}(so - mo);
+    // sc becomes the tile's probabilities exp(s − m), l their sum in slot order.
+    ${o.unroll}
+    for (int r = 0; r < REPS; ++r) {
+      ${o.unroll}
+      for (int j = 0; j < NT; ++j) {
+        sc[j][r] = ${o.shuffle("po", "(j * RP + r) << SH")};
+        l[r] += sc[j][r];
+      }
+    }
+    ${o.unroll}
+    for (int j = 0; j < NT; ++j) {
+      float vf[EV];${value.decode}
+      ${o.unroll}
+      for (int r = 0; r < REPS; ++r) {
+        ${o.unroll}
+        for (int i = 0; i < EV; ++i) o[r][i] += sc[j][r] * vf[i];
+      }
+    }
+  }`;
+  // Both load variants where the decoders have fast loads (CUDA): the warp-uniform test picks one.
+  const fastLoops =
+    key.fast && value.fast
+      ? `${key.fast.prelude}${value.fast.prelude}
+  if (${key.fast.ok} && ${value.fast.ok}) {
+  ${tiles(true)}
+  } else {
+  ${tiles(false)}
+  }`
+      : tiles(false);
   const text = `${o.prelude}
   constexpr int WARPS = ${WARPS};
   constexpr int EK = DK / 32;
@@ -246,6 +461,18 @@ export function partialsSource(backend: Backend, key: Decoder, value: Decoder): 
   const int b = bh / HKV;
   const int h = bh - b * HKV;
   const int HQ = HKV * NREP;
+  // The reduce-scatter's layout (tiles): NT slots × REPS heads padded to powers of two, VP ≤ 32
+  // sums; lane L holds sum k = L >> SH of them, slot k / RP and head k % RP.
+  constexpr int NTP = NT <= 1 ? 1 : NT <= 2 ? 2 : NT <= 4 ? 4 : 8;
+  constexpr int RP = REPS <= 1 ? 1 : REPS <= 2 ? 2 : REPS <= 4 ? 4 : REPS <= 8 ? 8 : REPS <= 16 ? 16 : 32;
+  constexpr int LGR = RP == 1 ? 0 : RP == 2 ? 1 : RP == 4 ? 2 : RP == 8 ? 3 : RP == 16 ? 4 : 5;
+  constexpr int VP = NTP * RP;
+  constexpr int LGV = LGR + (NTP == 1 ? 0 : NTP == 2 ? 1 : NTP == 4 ? 2 : 3);
+  static_assert(VP <= 32, "the tile's NT x REPS scores must fit the warp's lanes");
+  constexpr int SH = 5 - LGV;
+  const int j_own = (lane >> SH) / RP;
+  const int r_own = (lane >> SH) % RP;
+  const bool own_live = j_own < NT && r_own < REPS;
   float qv[REPS][EK];
   float m[REPS];
   float l[REPS];
@@ -266,72 +493,11 @@ export function partialsSource(backend: Backend, key: Decoder, value: Decoder): 
   const int64_t t0l = ((int64_t)tg * WARPS + wid) * RUN;
   const int t0 = t0l < T_LEN ? (int)t0l : T_LEN;
   const int t1 = (t0 + RUN < T_LEN) ? t0 + RUN : T_LEN;
-  const int64_t mrow = (mask_shape[0] == 1 ? 0 : b) * mask_strides[0];${key.prelude}${value.prelude}
-  for (int tb = t0; tb < t1; tb += NT) {${key.regs}${value.regs}
-    float mv[NT];
-    ${o.unroll}
-    for (int j = 0; j < NT; ++j) {
-      // A slot past the run re-reads its last token (in bounds) and is dropped below.
-      const int t = (tb + j < t1) ? tb + j : t1 - 1;${key.load}${value.load}
-      mv[j] = static_cast<float>(mask[mrow + (mask_shape[3] == 1 ? 0 : t) * mask_strides[3]]);
-    }
-    float sc[NT][REPS];
-    ${o.unroll}
-    for (int j = 0; j < NT; ++j) {
-      float kf[EK];${key.decode}
-      ${o.unroll}
-      for (int r = 0; r < REPS; ++r) {
-        float acc = 0.0f;
-        ${o.unroll}
-        for (int i = 0; i < EK; ++i) acc += qv[r][i] * kf[i];
-        sc[j][r] = acc;
-      }
-    }
-    ${o.warpSums("sc")}
-    ${o.unroll}
-    for (int j = 0; j < NT; ++j) {
-      ${o.unroll}
-      for (int r = 0; r < REPS; ++r) {
-        float acc = sc[j][r];
-        if (MASK_MODE == 1) acc = (mv[j] != 0.0f) ? acc : ${HIDDEN};
-        else acc += mv[j];
-        sc[j][r] = (tb + j < t1) ? acc : ${o.negInf};
-      }
-    }
-    // sc becomes the tile's probabilities exp(s − m) under each head's new running max.
-    ${o.unroll}
-    for (int r = 0; r < REPS; ++r) {
-      float mn = m[r];
-      ${o.unroll}
-      for (int j = 0; j < NT; ++j) mn = ${o.max}(mn, sc[j][r]);
-      // exp(-inf - -inf) would be NaN: an all -inf (additive mask) prefix contributes nothing.
-      if (mn == ${o.negInf}) {
-        ${o.unroll}
-        for (int j = 0; j < NT; ++j) sc[j][r] = 0.0f;
-        continue;
-      }
-      const float alpha = (m[r] == ${o.negInf}) ? 0.0f : ${o.exp}(m[r] - mn);
-      l[r] *= alpha;
-      ${o.unroll}
-      for (int i = 0; i < EV; ++i) o[r][i] *= alpha;
-      ${o.unroll}
-      for (int j = 0; j < NT; ++j) {
-        const float pr = (sc[j][r] == ${o.negInf}) ? 0.0f : ${o.exp}(sc[j][r] - mn);
-        l[r] += pr;
-        sc[j][r] = pr;
-      }
-      m[r] = mn;
-    }
-    ${o.unroll}
-    for (int j = 0; j < NT; ++j) {
-      float vf[EV];${value.decode}
-      ${o.unroll}
-      for (int r = 0; r < REPS; ++r) {
-        ${o.unroll}
-        for (int i = 0; i < EV; ++i) o[r][i] += sc[j][r] * vf[i];
-      }
-    }
-  }
+  const int64_t mrow = (mask_shape[0] == 1 ? 0 : b) * mask_strides[0];
+  const int64_t mstride = mask_shape[3] == 1 ? 0 : mask_strides[3];
+  // MASK_MODE 0: one boolean for every key (no mask, or causal at the last position), read once.
+  const float mask0 = static_cast<float>(mask[0]);${key.prelude}${value.prelude}${key.score?.prelude ?? ""}
+  ${fastLoops}
   ${o.shared} float sm_m[WARPS][REPS];
   ${o.shared} float sm_l[WARPS][REPS];
   ${o.shared} float sm_o[WARPS][REPS][DV];
@@ -389,16 +555,18 @@ export function combineSource(backend: Backend): string {
   const int NP = pm_shape[1];
   const int64_t base = row * NP;
   float mmax = ${o.negInf};
+  ${backend === "cuda" ? "#pragma unroll 4" : ""}
   for (int p = lane; p < NP; p += 32) mmax = ${o.max}(mmax, pm[base + p]);
   ${o.warpMax("mmax")}
   float den = 0.0f;
+  ${backend === "cuda" ? "#pragma unroll 4" : ""}
   for (int p = lane; p < NP; p += 32) {
     const float mp = pm[base + p];
     den += ((mp == ${o.negInf}) ? 0.0f : ${o.exp}(mp - mmax)) * pl[base + p];
   }
   ${o.warpSum("den")}
   float acc = 0.0f;
-  ${backend === "cuda" ? "#pragma unroll 4" : ""}
+  ${backend === "cuda" ? "#pragma unroll 8" : ""}
   for (int p = wid; p < NP; p += W) {
     const float mp = pm[base + p];
     const float w = (mp == ${o.negInf}) ? 0.0f : ${o.exp}(mp - mmax);

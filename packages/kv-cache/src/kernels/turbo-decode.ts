@@ -13,7 +13,7 @@ import { turboValuesKernel } from "./turbo-values.ts";
 export const TURBO_DECODE_K_BITS: readonly number[] = [2, 4, 8];
 const K_GROUP = 32;
 
-const source = (b: Backend): string => partialsSource(b, affineDecoder("k", "kf", "EK", "BK", "GK"), turboValueDecoder(b, "vf"));
+const source = (b: Backend): string => partialsSource(b, affineDecoder(b, "k", "kf", "EK", "BK", "GK"), turboValueDecoder(b, "vf"));
 
 interface Shapes {
   plan: DecodePlan;
