@@ -174,7 +174,7 @@ def plan(b, hq, hkv, dk, dv, t, token_regs):
     per = max(dk, dv) // 32
     reps = next(r for r in range(n_rep, 0, -1) if n_rep % r == 0 and r * per <= LANE_FLOATS)
     rows = b * hkv * (n_rep // reps)
-    nt = max(1, min(MAX_NT, TILE_REGS // (token_regs + 1)))
+    nt = max(1, min(MAX_NT, TILE_REGS // (token_regs + 1), 32 // 2 ** math.ceil(math.log2(reps))))
     run = math.ceil(max(MIN_RUN, math.ceil(t * rows / MAX_WARPS)) / nt) * nt
     parts = math.ceil(t / (run * WARPS))
     tpw = math.ceil(math.ceil(t / (parts * WARPS)) / nt) * nt  # decodeRunLength

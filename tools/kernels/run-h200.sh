@@ -14,7 +14,7 @@
 #          per evaluation), then at 16 / 8 heads of 512
 #   profile Nsight Compute (ncu, full set) of the pass-1 and pass-2 kernels of PROFILE_MODES (default
 #          turbo:4,3) at 131,072 tokens, 16 / 8 heads of 512 and 8 / 2 heads of 256: details and the
-#          SASS with its stall samples as text (NCU=path of ncu)
+#          SASS with its stall samples as text (NCU=path of ncu; PROFILE_SHAPES="16,8 512;8,2 256" picks the shapes)
 # Everything goes to $OUT.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -102,7 +102,8 @@ export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number,
   }
   const rows = batch * kvHeads * (nRep / reps);
   // A tile's raw K/V words (and mask) stay in registers until decoded: about TILE_REGS per lane.
-  const nt = Math.max(1, Math.min(Number(tileCap.get()), Math.floor(TILE_REGS / (tokenRegs + 1))));
+  // The tile's NT × REPS scores, each padded to a power of two, share the warp's 32 lanes (decode-source.ts).
+  const nt = Math.max(1, Math.min(Number(tileCap.get()), Math.floor(TILE_REGS / (tokenRegs + 1)), 32 / 2 ** Math.ceil(Math.log2(reps))));
   // Runs of whole tiles, about MAX_WARPS of them over every row (not fewer than MIN_RUN tokens).
   const run = Math.ceil(Math.max(MIN_RUN, Math.ceil((tokens * rows) / Number(warpTarget.get()))) / nt) * nt;
   const parts = Math.ceil(tokens / (run * DECODE_WARPS));

@@ -19,8 +19,8 @@ interface Ops {
   exp: string;
   max: string;
   negInf: string;
-  /** Sum each `x[j][r]` (j < NT, r < REPS) across the warp; the NT·REPS butterflies interleaved. */
-  warpSums: (x: string) => string;
+  /** Lane `lane ^ off`'s float `v`. */
+  shuffleXor: (v: string, off: string) => string;
   /** Max / sum of one float across the warp, every lane getting the result. */
   warpMax: (x: string) => string;
   warpSum: (x: string) => string;
@@ -49,12 +49,7 @@ const OPS: Record<Backend, Ops> = {
     exp: "expf",
     max: "fmaxf",
     negInf: "(-cuda::std::numeric_limits<float>::infinity())",
-    warpSums: (x) => `for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int r = 0; r < REPS; ++r) ${x}[j][r] += __shfl_xor_sync(0xffffffffu, ${x}[j][r], off);
-    }`,
+    shuffleXor: (v, off) => `__shfl_xor_sync(0xffffffffu, ${v}, ${off})`,
     warpMax: (x) => `for (int off = 16; off > 0; off >>= 1) ${x} = fmaxf(${x}, __shfl_xor_sync(0xffffffffu, ${x}, off));`,
     warpSum: (x) => `for (int off = 16; off > 0; off >>= 1) ${x} += __shfl_xor_sync(0xffffffffu, ${x}, off);`,
     shuffle: (v, src) => `__shfl_sync(0xffffffffu, ${v}, ${src})`,
@@ -74,7 +69,7 @@ const OPS: Record<Backend, Ops> = {
     exp: "metal::precise::exp",
     max: "metal::fmax",
     negInf: "(-metal::numeric_limits<float>::infinity())",
-    warpSums: (x) => `for (int j = 0; j < NT; ++j) for (int r = 0; r < REPS; ++r) ${x}[j][r] = metal::simd_sum(${x}[j][r]);`,
+    shuffleXor: (v, off) => `metal::simd_shuffle_xor(${v}, (ushort)(${off}))`,
     warpMax: (x) => `${x} = metal::simd_max(${x});`,
     warpSum: (x) => `${x} = metal::simd_sum(${x});`,
     shuffle: (v, src) => `metal::simd_shuffle(${v}, (ushort)(${src}))`,
@@ -367,51 +362,76 @@ export function partialsSource(backend: Backend, key: Decoder, value: Decoder): 
         sc[j][r] = acc;
       }${key.score ? "\n      }" : ""}
     }
-    ${o.warpSums("sc")}
+    // Reduce-scatter: at each butterfly level a lane keeps half of its sums and sends the other half,
+    // so after log2(VP) levels lane L holds the whole sum of one (slot, head) k = L >> SH (the same
+    // pairs added in the same order as a full butterfly of every sum: the same bits, in 1/VP of
+    // the shuffles). The online-softmax update then runs once per (slot, head) instead of in every
+    // lane, and each probability reaches every lane by one shuffle.
+    float x[VP];
     ${o.unroll}
-    for (int j = 0; j < NT; ++j) {
+    for (int k = 0; k < VP; ++k) x[k] = ((k / RP) < NT && (k % RP) < REPS) ? sc[(k / RP) < NT ? k / RP : 0][(k % RP) < REPS ? k % RP : 0] : 0.0f;
+    ${o.unroll}
+    for (int lvl = 0; lvl < 5; ++lvl) {
+      const int off = 16 >> lvl;
+      const bool up = (lane & off) != 0;
       ${o.unroll}
-      for (int r = 0; r < REPS; ++r) {
-        float acc = sc[j][r];
-        if (MASK_MODE != 2) acc = (mv[j] != 0.0f) ? acc : ${HIDDEN};
-        else acc += mv[j];
-        sc[j][r] = (tb + j < t1) ? acc : ${o.negInf};
+      for (int i = 0; i < ((VP >> lvl) > 1 ? (VP >> lvl) / 2 : 0); ++i) {
+        const int hh = (VP >> lvl) / 2;
+        const float keep = up ? x[i + hh] : x[i];
+        const float send = up ? x[i] : x[i + hh];
+        x[i] = keep + ${o.shuffleXor("send", "off")};
       }
+      if ((VP >> lvl) <= 1) x[0] += ${o.shuffleXor("x[0]", "off")};
     }
-    // sc becomes the tile's probabilities exp(s − m) under each head's new running max.
+    // This lane's (slot, head): its mask, its bound, then each head's tile max over the slots' lanes.
+    float mvo = mv[0];
+    ${o.unroll}
+    for (int jj = 1; jj < NT; ++jj) mvo = (j_own == jj) ? mv[jj] : mvo;
+    float so = x[0];
+    if (MASK_MODE != 2) so = (mvo != 0.0f) ? so : ${HIDDEN};
+    else so += mvo;
+    so = (own_live && tb + j_own < t1) ? so : ${o.negInf};
+    float tm = so;
+    ${o.unroll}
+    for (int bt = SH + LGR; bt < 5; ++bt) tm = ${o.max}(tm, ${o.shuffleXor("tm", "1 << bt")});
+    // Each head's new running max, in every lane; rescale (by exp(m − m') = 1 for a head whose max
+    // held: the same bits as skipping it) only when one grew. An all −∞ head (an additive mask's
+    // prefix) keeps m = −∞ and gets alpha 0 and probabilities 0: nothing, as before.
+    float mn[REPS];
+    bool grow = false;
     ${o.unroll}
     for (int r = 0; r < REPS; ++r) {
-      float mn = m[r];
+      mn[r] = ${o.max}(m[r], ${o.shuffle("tm", "r << SH")});
+      grow = grow || (mn[r] != m[r]);
+    }
+    if (grow) {
       ${o.unroll}
-      for (int j = 0; j < NT; ++j) mn = ${o.max}(mn, sc[j][r]);
-      // exp(-inf - -inf) would be NaN: an all -inf (additive mask) prefix contributes nothing.
-      if (mn == ${o.negInf}) {
-        ${o.unroll}
-        for (int j = 0; j < NT; ++j) sc[j][r] = 0.0f;
-        continue;
-      }
-      // An unchanged max scales by exp(0) = 1: skip it (m is the same in every lane).
-      if (mn != m[r]) {
-        const float alpha = (m[r] == ${o.negInf}) ? 0.0f : ${o.exp}(m[r] - mn);
+      for (int r = 0; r < REPS; ++r) {
+        const float alpha = (mn[r] == m[r]) ? 1.0f : ((m[r] == ${o.negInf}) ? 0.0f : ${o.exp}(m[r] - mn[r]));
         l[r] *= alpha;
         ${o.unroll}
         for (int i = 0; i < EV; ++i) o[r][i] *= alpha;
+        m[r] = mn[r];
       }
-      ${o.unroll}
-      for (int j = 0; j < NT; ++j) {
-        const float pr = (sc[j][r] == ${o.negInf}) ? 0.0f : ${o.exp}(sc[j][r] - mn);
-        l[r] += pr;
-        sc[j][r] = pr;
-      }
-      m[r] = mn;
     }
+    float mo = mn[0];
+    ${o.unroll}
+    for (int rr = 1; rr < REPS; ++rr) mo = (r_own == rr) ? mn[rr] : mo;
+    const float po = (so == ${o.negInf}) ? 0.0f : ${o.exp}(so - mo);
+    // Each slot's probabilities exp(s − m) reach every lane just before its values are added; l sums them in slot order.
     ${o.unroll}
     for (int j = 0; j < NT; ++j) {
+      float pj[REPS];
+      ${o.unroll}
+      for (int r = 0; r < REPS; ++r) {
+        pj[r] = ${o.shuffle("po", "(j * RP + r) << SH")};
+        l[r] += pj[r];
+      }
       float vf[EV];${value.decode}
       ${o.unroll}
       for (int r = 0; r < REPS; ++r) {
         ${o.unroll}
-        for (int i = 0; i < EV; ++i) o[r][i] += sc[j][r] * vf[i];
+        for (int i = 0; i < EV; ++i) o[r][i] += pj[r] * vf[i];
       }
     }
   }`;
@@ -439,6 +459,18 @@ export function partialsSource(backend: Backend, key: Decoder, value: Decoder): 
   const int b = bh / HKV;
   const int h = bh - b * HKV;
   const int HQ = HKV * NREP;
+  // The reduce-scatter's layout (tiles): NT slots × REPS heads padded to powers of two, VP ≤ 32
+  // sums; lane L holds sum k = L >> SH of them, slot k / RP and head k % RP.
+  constexpr int NTP = NT <= 1 ? 1 : NT <= 2 ? 2 : NT <= 4 ? 4 : 8;
+  constexpr int RP = REPS <= 1 ? 1 : REPS <= 2 ? 2 : REPS <= 4 ? 4 : REPS <= 8 ? 8 : REPS <= 16 ? 16 : 32;
+  constexpr int LGR = RP == 1 ? 0 : RP == 2 ? 1 : RP == 4 ? 2 : RP == 8 ? 3 : RP == 16 ? 4 : 5;
+  constexpr int VP = NTP * RP;
+  constexpr int LGV = LGR + (NTP == 1 ? 0 : NTP == 2 ? 1 : NTP == 4 ? 2 : 3);
+  static_assert(VP <= 32, "the tile's NT x REPS scores must fit the warp's lanes");
+  constexpr int SH = 5 - LGV;
+  const int j_own = (lane >> SH) / RP;
+  const int r_own = (lane >> SH) % RP;
+  const bool own_live = j_own < NT && r_own < REPS;
   float qv[REPS][EK];
   float m[REPS];
   float l[REPS];

@@ -1,0 +1,111 @@
+"""Registers per thread of the decode-attention kernels, without a GPU.
+
+Usage: python ptxas_regs.py kernel-sources.json [--setup]
+  (kernel-sources.json from tools/kernels/export-sources.ts; --setup first downloads NVRTC, the
+  CUDA headers, libcu++ and ptxas 12.9 as PyPI wheels into .native/cuda-ptxas)
+
+Each pass-1 body is compiled as MLX's cuda_kernel wraps it (the same generated signature as
+check_cuda_kernels.py's emulator: arrays, their shapes and strides, template constants) with
+NVRTC to PTX, then by ptxas for sm_90, whose `-v` report gives the registers a thread takes. A
+threadgroup of 128 threads at R registers fits floor(65536 / (128 · R)) times on an H100/H200 SM:
+168 registers allow 3, 198 only 2 (issue 24: the first reduce-scatter cut of the tile's softmax
+took 198 and ran slower for it). On the H200 these counts matched Nsight Compute's (168, 167,
+198, 166 for the four variants measured on 2026-12-04). Not MLX's NVRTC 13 build: a count may
+move by a few registers there.
+"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+DIR = os.path.join(ROOT, ".native", "cuda-ptxas")
+WHEELS = ["nvidia-cuda-nvrtc-cu12==12.9.86", "nvidia-cuda-nvcc-cu12==12.9.86", "nvidia-cuda-runtime-cu12==12.9.79",
+          "nvidia-cuda-cccl-cu12==12.9.27"]
+NV = os.path.join(DIR, "nvidia")
+
+# The variants the bench models run: (kernel, template constants).
+TURBO = dict(BK=4, GK=32, VB=3)
+VARIANTS = [
+    ("mlxb_turbo_decode_partials", dict(DK=512, DV=512, NREP=2, REPS=2, NT=4, **TURBO)),
+    ("mlxb_turbo_decode_partials", dict(DK=256, DV=256, NREP=4, REPS=4, NT=4, **TURBO)),
+    ("mlxb_affine_decode_partials", dict(DK=512, DV=512, NREP=2, REPS=2, NT=2, BK=8, GK=64, BV=8, GV=64)),
+    ("mlxb_affine_decode_partials", dict(DK=256, DV=256, NREP=4, REPS=4, NT=4, BK=4, GK=64, BV=4, GV=64)),
+]
+TYPES = {"kw": "uint32_t", "vw": "uint32_t", "vc": "uint8_t", "centroids": "float", "mask": "bool"}
+
+
+def setup():
+    os.makedirs(DIR, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", DIR, *WHEELS], check=True)
+    for w in os.listdir(DIR):
+        if w.endswith(".whl"):
+            with zipfile.ZipFile(os.path.join(DIR, w)) as z:
+                z.extractall(DIR)
+    os.chmod(os.path.join(NV, "cuda_nvcc", "bin", "ptxas"), 0o755)
+
+
+def registers(spec, consts):
+    src = spec["cuda"]["source"]
+    params = []
+    for n in spec["input_names"]:
+        params.append(f"const {TYPES.get(n, 'T')}* {n}")
+        for suffix, ty in (("_shape", "Shape"), ("_strides", "Strides")):
+            if n + suffix in src:
+                params.append(f"const __grid_constant__ {ty} {n}{suffix}")
+    params += [f"float* {n}" for n in spec["output_names"]]
+    body = "".join(f"  constexpr int {k} = {v};\n" for k, v in consts.items())
+    code = f"""#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda/std/array>
+#include <cuda/std/cstdint>
+#include <cuda/std/limits>
+using Shape = cuda::std::array<int32_t, 10>;
+using Strides = cuda::std::array<int64_t, 10>;
+using T = __nv_bfloat16;
+{spec["cuda"].get("header") or ""}
+extern "C" __global__ void kernel({", ".join(params)}) {{
+{body}{src}
+}}
+"""
+    nvrtc = ctypes.CDLL(os.path.join(NV, "cuda_nvrtc", "lib", "libnvrtc.so.12"))
+    prog = ctypes.c_void_p()
+    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), code.encode(), b"kernel.cu", 0, None, None):
+        raise RuntimeError("nvrtcCreateProgram failed")
+    opts = [b"-arch=compute_90", b"-std=c++17"] + [f"-I{os.path.join(NV, d, 'include')}".encode() for d in ("cuda_runtime", "cuda_cccl", "cuda_nvrtc")]
+    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    n = ctypes.c_size_t()
+    if rc:
+        nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+        log = ctypes.create_string_buffer(n.value)
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"NVRTC failed for {spec['name']}:\n{log.value.decode()[-3000:]}")
+    nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(n))
+    ptx = ctypes.create_string_buffer(n.value)
+    nvrtc.nvrtcGetPTX(prog, ptx)
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "k.ptx"), "wb") as f:
+            f.write(ptx.value)
+        r = subprocess.run([os.path.join(NV, "cuda_nvcc", "bin", "ptxas"), "-arch=sm_90", "-v", os.path.join(d, "k.ptx"), "-o",
+                            os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True)
+    line = next(l for l in r.stderr.splitlines() if "registers" in l)
+    return int(line.split("Used ")[1].split(" registers")[0])
+
+
+def main():
+    args = sys.argv[1:]
+    if "--setup" in args or not os.path.exists(os.path.join(NV, "cuda_nvcc", "bin", "ptxas")):
+        setup()
+    specs = json.load(open(next(a for a in args if not a.startswith("--"))))
+    specs = {s["name"]: s for s in (specs if isinstance(specs, list) else specs.values())}
+    for name, consts in VARIANTS:
+        regs = registers(specs[name], dict(consts, MASK_MODE=0))
+        print(f"{name} {' '.join(f'{k}={v}' for k, v in consts.items())}: {regs} registers, "
+              f"{65536 // (128 * ((regs + 7) // 8 * 8))} threadgroups of 128 per SM")
+
+
+if __name__ == "__main__":
+    main()
