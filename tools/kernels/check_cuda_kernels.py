@@ -1,7 +1,8 @@
 """Try the CUDA sources exported by tools/kernels/export-sources.ts on a CUDA machine.
 
-Usage: python check_cuda_kernels.py kernel-sources.json [--only NAME[,NAME...]] [--match TEXT] [--emulate]
-  (needs mlx + mlx-cuda-13; with --emulate: mlx (CPU) + g++ ≥ 12, no GPU)
+Usage: python check_cuda_kernels.py kernel-sources.json [--only NAME[,NAME...]] [--match TEXT] [--emulate] [--quick]
+  (needs mlx + mlx-cuda-13; with --emulate: mlx (CPU) + g++ ≥ 12, no GPU; --quick: the decode and
+  encode cases in bfloat16 only, contexts up to 4096, as the kv-cache test suite runs them emulated)
 
 Each kernel's CUDA body runs through mx.fast.cuda_kernel on the cases below and is compared with
 its reference composition (as in the kernels' TypeScript `reference` functions) evaluated on
@@ -138,9 +139,11 @@ def turbo_encode_cases(lloyd_boundaries):
                        turbo_encode_ref(v, signs, boundaries, bits))
 
 
-def check_turbo_encode(k, spec, emulate):
+def check_turbo_encode(k, spec, emulate, quick=False):
     ok = True
     for label, bits, dim, launch, (ref_packed, ref_scale) in turbo_encode_cases(spec["codebook_boundaries"]):
+        if quick and launch["inputs"][0].dtype != mx.bfloat16:
+            continue
         packed, vscale = k(**launch)
         name = f"mlxb_turbo_encode_values {label}"
         if emulate:
@@ -556,6 +559,7 @@ def main() -> None:
     emulate = "--emulate" in args
     only = set(args[args.index("--only") + 1].split(",")) if "--only" in args else None
     match = args[args.index("--match") + 1] if "--match" in args else ""
+    quick = "--quick" in args
     specs = {s["name"]: s for s in json.load(open(args[0]))}
     if emulate:
         mx.set_default_device(mx.cpu)
@@ -572,14 +576,14 @@ def main() -> None:
             for i, (o, r, (atol, rtol)) in enumerate(zip(outs, refs, tols)):
                 ok = compare(f"{name} {label}" + (f" out{i}" if len(refs) > 1 else ""), o, r, atol, rtol) and ok
     if "mlxb_turbo_encode_values" in specs and (not only or "mlxb_turbo_encode_values" in only):
-        ok = check_turbo_encode(compiled(specs["mlxb_turbo_encode_values"], emulate), specs["mlxb_turbo_encode_values"], emulate) and ok
+        ok = check_turbo_encode(compiled(specs["mlxb_turbo_encode_values"], emulate), specs["mlxb_turbo_encode_values"], emulate, quick) and ok
     combine = compiled(specs["mlxb_decode_combine"], emulate) if "mlxb_decode_combine" in specs else None
     for name, cases in DECODE.items():
         if name not in specs or (only and name not in only and "mlxb_decode_combine" not in only):
             continue
         k = compiled(specs[name], emulate)
         for c in cases():
-            if match not in c.label:
+            if match not in c.label or (quick and (c.dt != mx.bfloat16 or c.p["t"] > 4096)):
                 continue
             p = c.p
             # References on the CPU: float32 matmuls on the GPU may take TF32 (about 1e-3 relative).
