@@ -1,4 +1,4 @@
-"""Registers per thread of the decode-attention kernels, without a GPU.
+"""Registers per thread of the decode-attention kernels and the quantized matvec, without a GPU.
 
 Usage: python ptxas_regs.py kernel-sources.json [--setup]
   (kernel-sources.json from tools/kernels/export-sources.ts; --setup first downloads NVRTC, the
@@ -34,8 +34,12 @@ VARIANTS = [
     ("mlxb_turbo_decode_partials", dict(DK=256, DV=256, NREP=4, REPS=4, NT=4, **TURBO)),
     ("mlxb_affine_decode_partials", dict(DK=512, DV=512, NREP=2, REPS=2, NT=2, BK=8, GK=64, BV=8, GV=64)),
     ("mlxb_affine_decode_partials", dict(DK=256, DV=256, NREP=4, REPS=4, NT=4, BK=4, GK=64, BV=4, GV=64)),
+    # The 12B-shaped model's FFN up projection at one and four rows (issue 20).
+    ("mlxb_qmv", dict(BITS=4, GS=64, K=3840, N=15360, MB=1, RPW=4, SPLIT=4)),
+    ("mlxb_qmv", dict(BITS=4, GS=64, K=3840, N=15360, MB=4, RPW=4, SPLIT=4)),
 ]
-TYPES = {"kw": "uint32_t", "vw": "uint32_t", "vc": "uint8_t", "centroids": "float", "mask": "bool"}
+TYPES = {"kw": "uint32_t", "vw": "uint32_t", "w": "uint32_t", "vc": "uint8_t", "centroids": "float", "mask": "bool"}
+OUT_TYPES = {"out": "T"}
 
 
 def setup():
@@ -53,10 +57,10 @@ def registers(spec, consts):
     params = []
     for n in spec["input_names"]:
         params.append(f"const {TYPES.get(n, 'T')}* {n}")
-        for suffix, ty in (("_shape", "Shape"), ("_strides", "Strides")):
+        for suffix, ty in (("_shape", "Shape"), ("_strides", "Strides"), ("_ndim", "int")):
             if n + suffix in src:
                 params.append(f"const __grid_constant__ {ty} {n}{suffix}")
-    params += [f"float* {n}" for n in spec["output_names"]]
+    params += [f"{OUT_TYPES.get(n, 'float')}* {n}" for n in spec["output_names"]]
     body = "".join(f"  constexpr int {k} = {v};\n" for k, v in consts.items())
     code = f"""#include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -102,7 +106,7 @@ def main():
     specs = json.load(open(next(a for a in args if not a.startswith("--"))))
     specs = {s["name"]: s for s in (specs if isinstance(specs, list) else specs.values())}
     for name, consts in VARIANTS:
-        regs = registers(specs[name], dict(consts, MASK_MODE=0))
+        regs = registers(specs[name], dict(consts, MASK_MODE=0) if "decode" in name else consts)
         print(f"{name} {' '.join(f'{k}={v}' for k, v in consts.items())}: {regs} registers, "
               f"{65536 // (128 * ((regs + 7) // 8 * 8))} threadgroups of 128 per SM")
 
