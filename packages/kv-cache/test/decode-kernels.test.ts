@@ -323,6 +323,7 @@ describe("what the sources assume", () => {
       [8, 8, 1, 512, 8000],
       [1, 4, 4, 64, 1],
       [4, 8, 8, 64, 1100],
+      [1, 16, 1, 64, 1000],
     ] as const) {
       using q = MlxArray.fromNumbers(new Array(b * hq * d).fill(0), [b, hq, 1, d], "bfloat16");
       // A tile's raw registers per token: TurboQuant k4/v3's, and a plain cache's.
@@ -337,6 +338,8 @@ describe("what the sources assume", () => {
       expect((p.reps * d) / 32).toBeLessThanOrEqual(32);
       expect(p.nt * (regs + 1) <= 34 || p.nt === 1).toBe(true);
       expect(p.nt).toBeLessThanOrEqual(8);
+      // The tile's NT × REPS scores, each padded to a power of two, fit the warp's lanes (the reduce-scatter).
+      expect(2 ** Math.ceil(Math.log2(p.nt)) * 2 ** Math.ceil(Math.log2(p.reps))).toBeLessThanOrEqual(32);
       // Several waves of threadgroups on a large GPU: about 8192 warps, at most one threadgroup a
       // row more (runs of at least 32 tokens, whole tiles, where fewer warps are plenty).
       const warps = b * hkv * (p.nRep / p.reps) * p.parts * DECODE_WARPS;
@@ -365,6 +368,26 @@ describe("what the sources assume", () => {
     } finally {
       if (before === undefined) delete process.env.MLX_BUN_DECODE_TILE;
       else process.env.MLX_BUN_DECODE_TILE = before;
+    }
+  });
+
+  test("MLX_BUN_DECODE_WARPS sets the warps the tokens are split over; a bad value is refused by name", () => {
+    using q = MlxArray.fromNumbers(new Array(8 * 256).fill(0), [1, 8, 1, 256], "bfloat16");
+    const plan = () => decodePlan(q, 2, 256, 256, 131072, 3) as { tpw: number; parts: number };
+    const before = process.env.MLX_BUN_DECODE_WARPS;
+    try {
+      delete process.env.MLX_BUN_DECODE_WARPS;
+      // 8192 warps over 2 KV heads (all 4 query heads in one warp): runs of 32 tokens, 1024 partials.
+      expect(plan()).toMatchObject({ tpw: 32, parts: 1024 });
+      process.env.MLX_BUN_DECODE_WARPS = "2048";
+      expect(plan()).toMatchObject({ tpw: 128, parts: 256 });
+      for (const bad of ["3000", "0", "x"]) {
+        process.env.MLX_BUN_DECODE_WARPS = bad;
+        expect(plan).toThrow(new RegExp(`^MLX_BUN_DECODE_WARPS=${bad}: expected 1024 or 2048 or 4096 or 8192 or 16384 or 32768$`));
+      }
+    } finally {
+      if (before === undefined) delete process.env.MLX_BUN_DECODE_WARPS;
+      else process.env.MLX_BUN_DECODE_WARPS = before;
     }
   });
 
