@@ -407,6 +407,19 @@ def host_bytes(a):
     return np.ascontiguousarray(np.array(a)).tobytes()
 
 
+def kernel_params(spec, in_types, out_types):
+    """The parameters of the kernel MLX's cuda_kernel generates for a body: each input as a const
+    pointer of its C++ type, followed by its shape / strides / ndim where the body names them, then
+    the outputs (ptxas_regs.py compiles bodies inside the same signature)."""
+    src, params = spec["cuda"]["source"], []
+    for n, ty in zip(spec["input_names"], in_types):
+        params.append(f"const {ty}* {n}")
+        for suffix, aux in (("_shape", "Shape"), ("_strides", "Strides"), ("_ndim", "int")):
+            if n + suffix in src:
+                params.append(f"const __grid_constant__ {aux} {n}{suffix}")
+    return params + [f"{ty}* {n}" for n, ty in zip(spec["output_names"], out_types)]
+
+
 class Emulated:
     """A kernel body compiled with g++ on cuda_emu.h inside the signature MLX generates."""
 
@@ -418,13 +431,7 @@ class Emulated:
 
     def _binary(self, inputs, template, out_dtypes):
         names, src = self.spec["input_names"], self.src
-        params = []
-        for n, a in zip(names, inputs):
-            params.append(f"const {CUDA_TYPES[a.dtype]}* {n}")
-            for suffix, ty in (("_shape", "Shape"), ("_strides", "Strides"), ("_ndim", "int")):
-                if n + suffix in src:
-                    params.append(f"const __grid_constant__ {ty} {n}{suffix}")
-        params += [f"{CUDA_TYPES[d]}* {n}" for n, d in zip(self.spec["output_names"], out_dtypes)]
+        params = kernel_params(self.spec, [CUDA_TYPES[a.dtype] for a in inputs], [CUDA_TYPES[d] for d in out_dtypes])
         consts = "".join(f"  using {k} = {CUDA_TYPES[v]};\n" if isinstance(v, mx.Dtype) else
                          f"  constexpr {'bool' if isinstance(v, bool) else 'int'} {k} = {str(v).lower() if isinstance(v, bool) else v};\n"
                          for k, v in template)

@@ -4,8 +4,8 @@ Usage: python ptxas_regs.py kernel-sources.json [--setup]
   (kernel-sources.json from tools/kernels/export-sources.ts; --setup first downloads NVRTC, the
   CUDA headers, libcu++ and ptxas 12.9 as PyPI wheels into .native/cuda-ptxas)
 
-Each pass-1 body is compiled as MLX's cuda_kernel wraps it (the same generated signature as
-check_cuda_kernels.py's emulator: arrays, their shapes and strides, template constants) with
+Each pass-1 body is compiled as MLX's cuda_kernel wraps it (check_cuda_kernels.py's kernel_params,
+as its emulator does: arrays, their shapes and strides, template constants) with
 NVRTC to PTX, then by ptxas for sm_90, whose `-v` report gives the registers a thread takes. A
 threadgroup of 128 threads at R registers fits floor(65536 / (128 · R)) times on an H100/H200 SM:
 168 registers allow 3, 198 only 2 (issue 24: the first reduce-scatter cut of the tile's softmax
@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+
+from check_cuda_kernels import kernel_params  # the signature MLX's cuda_kernel generates
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DIR = os.path.join(ROOT, ".native", "cuda-ptxas")
@@ -54,13 +56,7 @@ def setup():
 
 def registers(spec, consts):
     src = spec["cuda"]["source"]
-    params = []
-    for n in spec["input_names"]:
-        params.append(f"const {TYPES.get(n, 'T')}* {n}")
-        for suffix, ty in (("_shape", "Shape"), ("_strides", "Strides"), ("_ndim", "int")):
-            if n + suffix in src:
-                params.append(f"const __grid_constant__ {ty} {n}{suffix}")
-    params += [f"{OUT_TYPES.get(n, 'float')}* {n}" for n in spec["output_names"]]
+    params = kernel_params(spec, [TYPES.get(n, "T") for n in spec["input_names"]], [OUT_TYPES.get(n, "float") for n in spec["output_names"]])
     body = "".join(f"  constexpr int {k} = {v};\n" for k, v in consts.items())
     code = f"""#include <cuda_bf16.h>
 #include <cuda_fp16.h>
