@@ -168,7 +168,7 @@ export function affineDecoder(backend: Backend, p: string, out: string, n: strin
   // bit p of its word (of the word >> 16 when p ≥ 16), becomes the float c_i·2^(p mod 16) with one
   // logical op and one exact subtraction (2^23 + c·2^q − 2^23); the queries carry the 2^−q (exact).
   // Per element that is two instructions where shift, mask, int-to-float and dequantize were four.
-  const when = `${p}_NG == 1 && (${p}_LB % 32 == 0 || 32 % ${p}_LB == 0)`;
+  const when = `${p}_ALIGNED && ${p}_NG == 1`;
   const score = {
     when,
     prelude: `
