@@ -9,8 +9,10 @@
 // is then paid once per step as in a model, not once per attend.
 //
 // --modes keeps the named modes only (bf16 always runs: it is the ratios' base).
+// --profile-last (CUDA, under `ncu --profile-from-start off`): the last repetition's attends of each
+// mode in a profiler range, each followed by a marker kernel (tools/kernels/attend-timeline.py).
 //
-//   .native/bin/bun tools/bench/kv-cache.ts [--reps 7] [--contexts 1024,8192,32768] [--heads 8,2] [--dim 256] [--layers 1] [--unfused]
+//   .native/bin/bun tools/bench/kv-cache.ts [--reps 7] [--contexts 1024,8192,32768] [--heads 8,2] [--dim 256] [--layers 1] [--scale 0.0625] [--unfused]
 //     [--modes "bf16 kernel,turbo:4,3"] [--json out.json]
 import { renameSync, writeFileSync } from "node:fs";
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
@@ -18,6 +20,7 @@ import { defaultDevice, evaluate, memory } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, KVCache, affineCodec, turboQuantCodec, type KvCodec, plainCodec, setDenseDecode } from "@mlx-bun/kv-cache";
 import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-decode.ts";
+import { cudaProfiler } from "./device/cuda-profiler.ts";
 import { formatSpread, median } from "./stats.ts";
 
 const argv = process.argv;
@@ -35,7 +38,12 @@ const fusedLive = affineDecodeKernel.path() !== "reference";
 const [HQ, HKV] = opt("heads", "8,2").split(",").map(Number) as [number, number];
 const D = Number(opt("dim", "256"));
 const LAYERS = Number(opt("layers", "1"));
+// The attention scale: 1/16 (1/√256) by default; Gemma 4 attends with 1 (its q/k norms scale),
+// where the kernels' queries need no multiply (scaledQueries in decode-plan.ts).
+const SCALE = Number(opt("scale", "0.0625"));
+if (!Number.isFinite(SCALE) || SCALE <= 0) throw new Error(`--scale must be a positive number, got ${opt("scale", "")}`);
 if (!Number.isInteger(LAYERS) || LAYERS < 1) throw new Error(`--layers must be a positive integer, got ${LAYERS}`);
+const profiler = argv.includes("--profile-last") ? cudaProfiler() : null;
 
 const QUANT_MODES: [string, () => KvCodec][] = [
   ["q8", () => affineCodec(8, 64)],
@@ -85,6 +93,8 @@ interface Row {
   context: number;
   bytesPerToken: number;
   times: number[];
+  /** Graph building alone (the attend calls before the evaluation), ms per attend. */
+  build: number[];
   /** Set when the backend could not run this mode; its times stay empty. */
   error?: string;
 }
@@ -106,7 +116,7 @@ for (const ctx of CONTEXTS) {
   }
   const byMode = new Map<string, Row>();
   for (const [name, c] of caches) {
-    const r = { mode: name, context: ctx, bytesPerToken: c.bytesPerToken(), times: [] as number[] };
+    const r = { mode: name, context: ctx, bytesPerToken: c.bytesPerToken(), times: [] as number[], build: [] as number[] };
     byMode.set(name, r);
     rows.push(r);
   }
@@ -123,10 +133,17 @@ for (const ctx of CONTEXTS) {
       const r = byMode.get(name)!;
       try {
         if (!r.error) {
+          const profiled = profiler !== null && rep === REPS - 1;
+          if (profiled) profiler.start();
           const t = performance.now();
-          const outs = qs.map((q) => view.attend(q, 1 / 16, null));
+          const outs = qs.map((q) => view.attend(q, SCALE, null));
+          r.build.push((performance.now() - t) / LAYERS);
           evaluate(...outs);
           r.times.push((performance.now() - t) / LAYERS);
+          if (profiled) {
+            profiler.mark();
+            profiler.stop();
+          }
           for (const o of outs) o.dispose();
         }
       } catch (e) {
@@ -148,10 +165,10 @@ for (const ctx of CONTEXTS) {
 process.stderr.write("\n");
 
 const lines = [
-  `MLX default device ${defaultDevice()}, GPU backend ${backend ?? "none"}; ${HQ} query heads over ${HKV} KV heads of dim ${D}, bf16; ${REPS} reps; ${LAYERS} attend${LAYERS > 1 ? "s" : ""} per evaluation (time per attend).`,
+  `MLX default device ${defaultDevice()}, GPU backend ${backend ?? "none"}; ${HQ} query heads over ${HKV} KV heads of dim ${D}, bf16; ${REPS} reps; scale ${SCALE}; ${LAYERS} attend${LAYERS > 1 ? "s" : ""} per evaluation (time per attend).`,
   "",
-  `| mode | attention | context | bytes/token | × bf16 | decode attention ms (min / median / max) | × bf16 (median) |`,
-  `| --- | --- | --- | --- | --- | --- | --- |`,
+  `| mode | attention | context | bytes/token | × bf16 | decode attention ms (min / median / max) | × bf16 (median) | of which building ms (median) |`,
+  `| --- | --- | --- | --- | --- | --- | --- | --- |`,
 ];
 for (const ctx of CONTEXTS) {
   const base = rows.find((r) => r.context === ctx && r.mode === "bf16")!;
@@ -159,12 +176,12 @@ for (const ctx of CONTEXTS) {
     const t = r.times;
     if (r.error) {
       lines.push(
-        `| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | failed: ${r.error.replaceAll("|", "/")} | — |`,
+        `| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | failed: ${r.error.replaceAll("|", "/")} | — | — |`,
       );
       continue;
     }
     lines.push(
-      `| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | ${formatSpread(t)} | ${(median(t) / median(base.times)).toFixed(2)} |`,
+      `| ${r.mode} | ${pathOf(r.mode)} | ${ctx} | ${r.bytesPerToken} | ${(r.bytesPerToken / base.bytesPerToken).toFixed(3)} | ${formatSpread(t)} | ${(median(t) / median(base.times)).toFixed(2)} | ${median(r.build).toFixed(3)} |`,
     );
   }
 }
@@ -175,6 +192,7 @@ if (JSON_OUT) {
     heads: { q: HQ, kv: HKV, dim: D },
     reps: REPS,
     layers: LAYERS,
+    scale: SCALE,
     rows: rows.map((r) => ({ ...r, attention: pathOf(r.mode) })),
   };
   writeFileSync(`${JSON_OUT}.tmp`, JSON.stringify(json, null, 2));

@@ -158,6 +158,59 @@ def check_turbo_encode(k, spec, emulate, quick=False):
     return ok
 
 
+# ----------------------------------------------------------------------------- turbo_unrotate
+# packages/kv-cache/src/kernels/turbo-unrotate.ts: signs ⊙ H y / √D as mx.hadamard_transform and a
+# multiply (mlx-ops fwht_inverse). On CUDA the kernel repeats MLX's CUDA rounding: exact. The
+# emulator's reference runs MLX's CPU transform, rounded once: within a few ulps of the dtype.
+
+
+def cuda_hadamard_model(y, dt):
+    """MLX's CUDA hadamard_transform arithmetic as hadamard-source.ts states it (the encode kernel
+    that runs it wrote the composition's bytes on the H200): float32 radix-2 butterflies over
+    ascending index bits, rounded to dt after every 4 bits and the last, × 1/√D rounded to dt."""
+    d = y.shape[-1]
+    logd = int(math.log2(d))
+    x = y.astype(mx.float32)
+    idx = mx.arange(d)
+    for b in range(logd):
+        other = x[..., idx ^ (1 << b)]
+        x = mx.where((idx & (1 << b)) != 0, other - x, x + other)
+        if (b & 3) == 3 or b == logd - 1:
+            x = x.astype(dt).astype(mx.float32)
+    return (x * np.float32(1.0 / math.sqrt(d))).astype(dt)
+
+
+def turbo_unrotate_cases():
+    for dt in (mx.bfloat16, mx.float16, mx.float32):
+        for lead, dim in [((1, 8, 1), 512), ((1, 16, 1), 256), ((2, 4, 3), 256), ((1, 2, 5), 128), ((1, 3, 2), 64)]:
+            mx.random.seed(dim + len(lead) * lead[-1])
+            y = (mx.random.normal((*lead, dim)) * 0.05).astype(dt)
+            signs = mx.where(mx.random.uniform(shape=(dim,)) < 0.5, -1.0, 1.0).astype(dt)
+            ref = mx.hadamard_transform(y) * signs
+            yield (f"{dt} {lead}x{dim}", dt,
+                   dict(inputs=[y, signs], template=[("T", dt), ("D", dim), ("LOGD", int(math.log2(dim)))],
+                        grid=(math.prod(lead) * dim, 1, 1), threadgroup=(dim, 1, 1),
+                        output_shapes=[(*lead, dim)], output_dtypes=[dt]), ref)
+
+
+def check_turbo_unrotate(k, emulate, quick=False):
+    ok = True
+    for label, dt, launch, ref in turbo_unrotate_cases():
+        if quick and dt != mx.bfloat16:
+            continue
+        out = k(**launch)[0]
+        if emulate:
+            # MLX's CPU transform rounds once where CUDA's rounds after each radix-16 step and the
+            # scale: within two ulps of the row's largest elements; the model of CUDA's rounding, exact.
+            atol = 2 * TOL[dt][1] * mx.max(mx.abs(ref.astype(mx.float32))).item()
+            ok = compare(f"mlxb_turbo_unrotate {label}", out, ref, atol, 0) and ok
+            y, signs = launch["inputs"]
+            ok = compare(f"mlxb_turbo_unrotate {label} (CUDA rounding model)", out, cuda_hadamard_model(y, dt) * signs, 0, 0) and ok
+        else:
+            ok = compare(f"mlxb_turbo_unrotate {label}", out, ref, 0, 0) and ok
+    return ok
+
+
 # ----------------------------------------------------------------------------- decode attention
 # Mirrors packages/kv-cache/src/kernels/decode-plan.ts (decodePlan, partialsLaunch).
 WARPS, MAX_WARPS, MIN_RUN, LANE_FLOATS, TILE_REGS, MAX_NT = 4, 8192, 32, 32, 34, 8
@@ -584,6 +637,8 @@ def main() -> None:
                 ok = compare(f"{name} {label}" + (f" out{i}" if len(refs) > 1 else ""), o, r, atol, rtol) and ok
     if "mlxb_turbo_encode_values" in specs and (not only or "mlxb_turbo_encode_values" in only):
         ok = check_turbo_encode(compiled(specs["mlxb_turbo_encode_values"], emulate), specs["mlxb_turbo_encode_values"], emulate, quick) and ok
+    if "mlxb_turbo_unrotate" in specs and (not only or "mlxb_turbo_unrotate" in only):
+        ok = check_turbo_unrotate(compiled(specs["mlxb_turbo_unrotate"], emulate), emulate, quick) and ok
     combine = compiled(specs["mlxb_decode_combine"], emulate) if "mlxb_decode_combine" in specs else None
     for name, cases in DECODE.items():
         if name not in specs or (only and name not in only and "mlxb_decode_combine" not in only):

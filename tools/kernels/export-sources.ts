@@ -8,6 +8,7 @@ import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-d
 import { decodeCombineKernel } from "../../packages/kv-cache/src/kernels/decode-combine.ts";
 import { turboDecodeKernel } from "../../packages/kv-cache/src/kernels/turbo-decode.ts";
 import { turboEncodeKernel } from "../../packages/kv-cache/src/kernels/turbo-encode.ts";
+import { turboUnrotateKernel } from "../../packages/kv-cache/src/kernels/turbo-unrotate.ts";
 import { turboValuesKernel } from "../../packages/kv-cache/src/kernels/turbo-values.ts";
 import { denseDecodeKernel } from "../../packages/kv-cache/src/kernels/dense-decode.ts";
 
@@ -17,6 +18,7 @@ const kernels = [
   qmv_kernel,
   turboValuesKernel,
   turboEncodeKernel,
+  turboUnrotateKernel,
   affineDecodeKernel,
   turboDecodeKernel,
   denseDecodeKernel,

@@ -11,7 +11,8 @@
 #   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)
 #   ncu12b / ncu1b   one decode step per path under ncu (tools/bench/device/decode-step-profile.ts --ncu)
 #   host     decode-step-profile.ts --host for the 12B and the 1B (build / encode / wait per step)
-#   decode12b / decode1b   tools/bench/device/qmv-decode.ts: KL + tok/s exact / fast / mlx-lm (REPS, default 5)
+#   decode12b / decode1b   tools/bench/device/qmv-decode.ts: KL + tok/s exact / fast / mlx-lm (REPS, default 5;
+#                          QMV_DECODE_ARGS="--ab fused" compares fused projections off / on instead)
 # The 12B-shaped checkpoint (tools/bench/device/make_12b_model.py) is written in the background at
 # the start when a step needs it. Files in $OUT: main.log (this script's output) and the ncu CSVs.
 set -uo pipefail
@@ -89,7 +90,7 @@ for s in $STEPS; do
       if [ "$s" = decode12b ]; then wait12 || { log "no 12B checkpoint"; continue; }; m=$M12; fi
       log "$s: qmv-decode.ts"
       timeout "$(left 300)" $B tools/bench/device/qmv-decode.ts --model "$m" --python "$PY" --reps "${REPS:-5}" \
-        --decode-tokens "${TOKENS:-256}" --kl-steps "${KL_STEPS:-64}" --json "$OUT/$s.json" 2>&1 | tail -12
+        --decode-tokens "${TOKENS:-256}" --kl-steps "${KL_STEPS:-64}" ${QMV_DECODE_ARGS:-} --json "$OUT/$s.json" 2>&1 | tail -12
       ;;
     *) log "unknown step $s" ;;
   esac

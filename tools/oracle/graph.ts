@@ -1,7 +1,6 @@
 // One decode step's graph in mlx-bun and in mlx-lm (tools/oracle/decode_graph.py), as counts of
 // op nodes per primitive from mx.export_to_dot. Equal counts mean both issue the same kernels:
 // what keeps CUDA results bit-equal and decode free of extra launches (docs/benchmarks.md).
-import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { evaluate, exportToDot, MlxArray } from "@mlx-bun/mlx-ffi";
@@ -9,20 +8,12 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { type Engine, Sequence } from "@mlx-bun/runtime";
 import { runPython } from "./oracle.ts";
 
+export { opCounts } from "./dot-ops.ts";
+
 const ROOT = fileURLToPath(new URL("../..", import.meta.url));
 
 /** The prompt both sides prefill before the measured step. */
 export const GRAPH_PROMPT = Array.from({ length: 65 }, (_, i) => 5 + ((i * 37) % 200));
-
-/** Primitive name → number of op nodes in a dot file (ops are the rectangles). */
-export function opCounts(file: string): Map<string, number> {
-  const m = new Map<string, number>();
-  for (const line of readFileSync(file, "utf8").split("\n")) {
-    const r = /label\s*=\s*"([A-Za-z][A-Za-z0-9_]*)[^"]*".*shape\s*=\s*rectangle/.exec(line);
-    if (r) m.set(r[1]!, (m.get(r[1]!) ?? 0) + 1);
-  }
-  return m;
-}
 
 /** mlx-bun: prefill GRAPH_PROMPT, then write the graph of one pipelined decode step (Engine's ops) to `file`. */
 export function decodeStepGraph(engine: Engine, file: string): void {

@@ -6,6 +6,7 @@ import { quantizedKeyAttention, tiledAttention, DEFAULT_QUERY_TILE } from "./aff
 import { checkKv, type KvCodec, PlanesView } from "./codec.ts";
 import { turboDecodeAttention } from "./kernels/turbo-decode.ts";
 import { turboEncodeKernel } from "./kernels/turbo-encode.ts";
+import { turboUnrotateKernel } from "./kernels/turbo-unrotate.ts";
 import { turboValues } from "./kernels/turbo-values.ts";
 import { prefillTakesSdpa, sdpaOverDecoded } from "./prefill-attention.ts";
 import { processSetting } from "./setting.ts";
@@ -28,14 +29,15 @@ export interface TurboQuantOptions {
   /** Keep values rotated through attention and un-rotate the output (default true). */
   deferredV?: boolean;
   queryTile?: number;
-  /** How this codec encodes; default: the process setting (setTurboEncode). */
+  /** How this codec encodes and un-rotates; default: the process setting (setTurboEncode). */
   encoding?: TurboEncodeSetting;
 }
 
 /**
- * How TurboQuant caches encode values: "kernel" runs mlxb_turbo_encode_values where its source
- * runs (CUDA; the composition elsewhere), "composition" the ops one by one. Both write the same
- * bytes on CUDA (docs/turboquant.md, "The encode kernel"). Default: kernel.
+ * How TurboQuant caches encode values and un-rotate attention outputs: "kernel" runs
+ * mlxb_turbo_encode_values and mlxb_turbo_unrotate where their sources run (CUDA; the
+ * compositions elsewhere), "composition" the ops one by one. Both write the same bytes on CUDA
+ * (docs/turboquant.md, "The encode kernel"). Default: kernel.
  */
 export type TurboEncodeSetting = "kernel" | "composition";
 const encodeSetting = processSetting<TurboEncodeSetting>("MLX_BUN_TURBO_ENCODE", "setTurboEncode", ["kernel", "composition"], () => "kernel");
@@ -81,7 +83,10 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
     return t;
   };
   const kq = { group_size: TURBO_K_GROUP, bits: kBits };
-  const unrotate = (out: MlxArray, d: number, dtype: MlxArray["dtype"]): MlxArray => tq.fwht_inverse(out, tablesFor(d, dtype).signs);
+  // The rotation kernels (value encode, output un-rotation) where their source runs, else the compositions.
+  const rotationPath = (): "auto" | "reference" => ((opts.encoding ?? encodeSetting.get()) === "kernel" ? "auto" : "reference");
+  const unrotate = (out: MlxArray, d: number, dtype: MlxArray["dtype"]): MlxArray =>
+    turboUnrotateKernel.run([out, tablesFor(d, dtype).signs], { path: rotationPath() })[0]!;
 
   /** Rotated values [B, H, T, D] (in the scale dtype) from the value planes: one kernel on a GPU. */
   const rotatedValues = (packed: MlxArray, vscale: MlxArray, d: number): MlxArray => turboValues(packed, vscale, tablesFor(d, vscale.dtype).centroids);
@@ -117,8 +122,7 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
       const [kw, ks, kb] = mx.quantize(k, kq);
       const t = tablesFor(v.shape[3]!, v.dtype);
       // The encode kernel where its source runs; its reference is the composition of ops.
-      const path = (opts.encoding ?? encodeSetting.get()) === "kernel" ? "auto" : "reference";
-      const [packed, vscale] = turboEncodeKernel.run([v, t.signs, t.boundaries], { path });
+      const [packed, vscale] = turboEncodeKernel.run([v, t.signs, t.boundaries], { path: rotationPath() });
       return [kw, ks, kb!, packed!, vscale!];
     },
     view: (planes, length) =>

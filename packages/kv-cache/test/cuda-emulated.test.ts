@@ -1,4 +1,4 @@
-// The CUDA bodies of the decode-attention kernels and the TurboQuant encode, on this CPU: each is
+// The CUDA bodies of the decode-attention kernels and the TurboQuant encode and un-rotation, on this CPU: each is
 // compiled with g++ inside the signature MLX's cuda_kernel generates (tools/kernels/cuda_emu.h:
 // threads as fibers, warp shuffles, __syncthreads) and run against its reference composition by
 // tools/kernels/check_cuda_kernels.py --emulate --quick (bfloat16, contexts up to 4096; the full
@@ -13,7 +13,7 @@ import { afterAll, describe, expect, test } from "vitest";
 import { oraclePython } from "../../../tools/oracle/oracle.ts";
 
 const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
-const KERNELS = ["mlxb_turbo_decode_partials", "mlxb_affine_decode_partials", "mlxb_dense_decode_partials", "mlxb_turbo_encode_values"];
+const KERNELS = ["mlxb_turbo_decode_partials", "mlxb_affine_decode_partials", "mlxb_dense_decode_partials", "mlxb_turbo_encode_values", "mlxb_turbo_unrotate"];
 
 describe.runIf(process.platform === "linux")("CUDA sources, emulated on the CPU", () => {
   const dir = mkdtempSync(join(tmpdir(), "mlxb-cuda-emu-"));

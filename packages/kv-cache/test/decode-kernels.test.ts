@@ -9,11 +9,11 @@ import { KVCache, affineCodec, quantizedAttention, quantizedKeyAttention, turboQ
 import { affineDecodeAttention, affineDecodeKernel } from "../src/kernels/affine-decode.ts";
 import { decodeCombineKernel } from "../src/kernels/decode-combine.ts";
 import { denseDecode, denseDecodeAttention, denseDecodeKernel, setDenseDecode } from "../src/kernels/dense-decode.ts";
-import { DECODE_WARPS, decodeMask, decodePlan, decodeRunLength } from "../src/kernels/decode-plan.ts";
+import { DECODE_WARPS, decodeMask, decodePlan, decodeRunLength, scaledQueries } from "../src/kernels/decode-plan.ts";
 import { affineTokenRegs, TURBO_VALUE_TOKEN_REGS } from "../src/kernels/decode-source.ts";
 import { turboDecodeKernel } from "../src/kernels/turbo-decode.ts";
 import { turboValues } from "../src/kernels/turbo-values.ts";
-import { closeDiff, relativeError as relErr } from "../../../tools/oracle/compare.ts";
+import { closeDiff, exactDiff, relativeError as relErr } from "../../../tools/oracle/compare.ts";
 
 const { gpu_backend } = mx.kernels;
 
@@ -539,4 +539,21 @@ describe.skipIf(gpu_backend() === null)("GPU sources against their references", 
       });
     }
   }
+});
+
+describe("the queries the kernels take", () => {
+  test("at scale 1 the queries are q itself, equal to q · 1 bit for bit (±0, subnormals, ±inf, NaN); other scales multiply", () => {
+    for (const dtype of ["bfloat16", "float16", "float32"] as const) {
+      using special = MlxArray.fromNumbers([0, -0, 1e-40, -3e-8, 65504, Infinity, -Infinity, Number.NaN], [1, 1, 1, 8], "float32");
+      using noise = rand([1, 1, 1, 56], 9, "float32");
+      using joined = mx.concatenate([special, noise], -1);
+      using q = mx.astype(joined, dtype);
+      using one = scaledQueries(q, 1);
+      using times1 = mx.multiply(q, 1);
+      expect(exactDiff(one, times1), dtype).toBeNull();
+      using scaled = scaledQueries(q, 0.0625);
+      using times = mx.multiply(q, 0.0625);
+      expect(exactDiff(scaled, times), dtype).toBeNull();
+    }
+  });
 });

@@ -111,6 +111,30 @@ describe("TurboQuant codec", () => {
     }
   });
 
+  test.skipIf(mx.kernels.gpu_backend() === null)("on a GPU the un-rotation kernel gives the composition's attention output bit for bit", () => {
+    // Decode (one query, the fused attention kernels) and a prefill chunk (SDPA over the planes).
+    using k = rand([1, 2, 40, D], 60);
+    using v = rand([1, 2, 40, D], 61);
+    for (const L of [1, 7]) {
+      using q = rand([1, 4, L, D], 62 + L);
+      const outs = (["composition", "kernel"] as const).map((encoding) => {
+        const codec = turboQuantCodec({ kBits: 4, vBits: 3, encoding });
+        try {
+          using c = new KVCache(codec);
+          using view = c.updateAndFetch(k, v);
+          return view.attend(q, 1, L === 1 ? null : "causal").eval();
+        } finally {
+          codec.dispose();
+        }
+      });
+      try {
+        expect(exactDiff(outs[1]!, outs[0]!), `${L} queries`).toBeNull();
+      } finally {
+        for (const o of outs) o.dispose();
+      }
+    }
+  });
+
   test("bf16 → TurboQuant conversion keeps the offset, consumes the source, sets minimumReusableOffset", () => {
     const src = new KVCache();
     using k = rand([1, 2, 9, D], 4);

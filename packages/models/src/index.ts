@@ -70,6 +70,7 @@ export { type ForwardInputs, Gemma4Model } from "./model/gemma4.ts";
 export { type DrafterKv, Gemma4Assistant, isAssistantDir, type LoadedAssistant, loadAssistant } from "./model/assistant.ts";
 export { checkKvMode, type KvMode, codecFor, kvModeKey, kvModeName, parseKvMode } from "./model/kv-mode.ts";
 export { embed, embedAsLinear, linear, moduleWeights, switchLinear, type ModuleWeights } from "./model/nn.ts";
+export { type FusedProjections, fusedProjections, setFusedProjections } from "./model/fused-linear.ts";
 export { type LoadedModel, loadModel, loadTextSide } from "./load.ts";
 export { type LoadedAdapter, loadAdapter } from "./lora.ts";
 export { shardModel, TensorParallel } from "./model/shard.ts";

@@ -10,13 +10,13 @@
 //     cuProfilerStart/Stop (the driver's: MLX links the CUDA runtime statically): one exact step, a
 //     marker kernel (mlxb_profile_marker), one fast step.
 // The model's KV cache holds the prompt plus the warm-up tokens (~100 tokens).
-import { dlopen, FFIType } from "bun:ffi";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { evaluate, MlxArray, synchronize } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { Engine } from "@mlx-bun/runtime";
 import { decodeSteps } from "../decode-steps.ts";
+import { cudaProfiler } from "./cuda-profiler.ts";
 
 const arg = (f: string, d: string) => {
   const i = process.argv.indexOf(`--${f}`);
@@ -55,50 +55,26 @@ async function generateMs(n: number): Promise<number> {
 }
 
 if (has("ncu")) {
-  const maps = readFileSync("/proc/self/maps", "utf8");
-  // MLX links the CUDA runtime statically: use the driver's cuProfilerStart/Stop (libcuda is mapped).
-  const cudart = maps
-    .split("\n")
-    .map((l) => l.split(/\s+/).at(-1) ?? "")
-    .find((p) => /\/libcuda\.so[.\d]*$/.test(p));
-  if (!cudart) throw new Error("libcuda is not mapped in this process (not MLX's CUDA backend?)");
-  const drv = dlopen(cudart, { cuProfilerStart: { args: [], returns: FFIType.i32 }, cuProfilerStop: { args: [], returns: FFIType.i32 } });
-  const rt = { symbols: { cudaProfilerStart: () => drv.symbols.cuProfilerStart(), cudaProfilerStop: () => drv.symbols.cuProfilerStop() } };
-  const marker = mx.kernels.custom_kernel({
-    name: "mlxb_profile_marker",
-    input_names: ["a"],
-    output_names: ["out"],
-    cuda: { source: "  if (threadIdx.x == 0) out[0] = a[0];" },
-    reference: ([a]) => [a!.retain()],
-    launch: ([a]) => ({ output_shapes: [a!.shape], output_dtypes: [a!.dtype], grid: [1, 1, 1], threadgroup: [1, 1, 1] }),
-  });
-  using one = MlxArray.fromNumbers([1], [1], "float32");
+  const prof = cudaProfiler();
   const s = prefilled();
   for (const p of ["exact", "fast", "exact", "fast"] as PathName[]) {
     use(p);
     unpipelined(s, 8);
   }
-  const [m0] = marker.run([one]);
-  evaluate(m0!);
-  m0!.dispose();
-  synchronize();
-  log(`cudaProfilerStart ${rt.symbols.cudaProfilerStart()} (${cudart})`);
+  prof.mark();
+  log(`cudaProfilerStart ${prof.start()} (${prof.library})`);
   use("exact");
   const pe = step(s);
   evaluate(pe.token, pe.logprobs);
   synchronize();
-  const [m1] = marker.run([one]);
-  evaluate(m1!);
-  m1!.dispose();
-  synchronize();
+  prof.mark();
   use("fast");
   s.tok.dispose();
   pe.logprobs.dispose();
   s.tok = pe.token;
   const pf = step(s);
   evaluate(pf.token, pf.logprobs);
-  synchronize();
-  log(`cudaProfilerStop ${rt.symbols.cudaProfilerStop()}`);
+  log(`cudaProfilerStop ${prof.stop()}`);
   s.tok.dispose();
   pf.logprobs.dispose();
   s.tok = pf.token;

@@ -3,13 +3,16 @@
 // tok/s of mlx-bun exact, mlx-bun fast and mlx-lm (tools/bench/mlx_lm_bench.py in a Python twin),
 // the order rotated every repetition; min / median / max.
 //   .native/bin/bun tools/bench/device/qmv-decode.ts --model DIR [--python PY] [--reps 5]
-//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm]
+//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused]
 // "exact": mx.quantized_matmul everywhere (MLX_BUN_FAST_QMV=0); "fast": the qmv kernel for every
 // quantized linear with at most 16 rows of x (decode), MLX's op for prefill.
+// --ab fused compares instead fused projections off ("exact") and on ("fast", the default path:
+// q/k/v and gate/up as one quantized matmul per decode step; expected bit-equal: KL 0).
 import { writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import { defaultDevice, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
+import { setFusedProjections } from "@mlx-bun/models";
 import { Engine, Sequence } from "@mlx-bun/runtime";
 import { Twin } from "../twin.ts";
 import { spread } from "../stats.ts";
@@ -26,6 +29,8 @@ const TOKENS = Number(arg("decode-tokens", "256"));
 const KL_STEPS = Number(arg("kl-steps", "64"));
 const JSON_OUT = arg("json", "");
 const WITH_LM = !process.argv.includes("--no-mlx-lm");
+const AB = arg("ab", "qmv");
+if (AB !== "qmv" && AB !== "fused") throw new Error(`--ab must be qmv or fused, got ${AB}`);
 const log = (s: string) => process.stderr.write(`[qmv-decode +${(performance.now() / 1000).toFixed(0)}s] ${s}\n`);
 
 const engine = Engine.load(model, { kv: "bf16" });
@@ -37,8 +42,13 @@ const prompt = template!.apply(
     addGenerationPrompt: true,
   },
 );
-const use = (p: "exact" | "fast") => mx.kernels.set_fast_qmv(p === "exact" ? "off" : "on");
-const result: Record<string, unknown> = { model, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };
+const use = (p: "exact" | "fast") => {
+  if (AB === "qmv") return mx.kernels.set_fast_qmv(p === "exact" ? "off" : "on");
+  mx.kernels.set_fast_qmv("off");
+  setFusedProjections(p === "exact" ? "off" : "on");
+};
+const LABEL = AB === "qmv" ? { exact: "mlx-bun exact", fast: "mlx-bun fast" } : { exact: "mlx-bun unfused", fast: "mlx-bun fused" };
+const result: Record<string, unknown> = { model, ab: AB, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };
 const save = () => JSON_OUT && writeFileSync(JSON_OUT, JSON.stringify(result, null, 1));
 
 // (1) KL, teacher-forced on the exact path's greedy tokens.
@@ -79,6 +89,7 @@ function run(path: "exact" | "fast", feed?: number[]): { tokens: number[]; logpr
   const fa = run("fast", ex.tokens);
   const kl: number[] = [];
   let argmaxSame = 0;
+  let maxDiff = 0;
   for (let i = 0; i < ex.logprobs.length; i++) {
     const e = ex.logprobs[i]!;
     const f = fa.logprobs[i]!;
@@ -87,6 +98,9 @@ function run(path: "exact" | "fast", feed?: number[]): { tokens: number[]; logpr
     using w = mx.multiply(pe, d);
     using s = mx.sum(w);
     kl.push(s.item() as number);
+    using ad = mx.abs(d);
+    using md = mx.max(ad);
+    maxDiff = Math.max(maxDiff, md.item() as number);
     if (ex.tokens[i + 1] === fa.tokens[i + 1]) argmaxSame++;
     e.dispose();
     f.dispose();
@@ -98,9 +112,12 @@ function run(path: "exact" | "fast", feed?: number[]): { tokens: number[]; logpr
     median: sorted[sorted.length >> 1],
     mean: kl.reduce((a, b) => a + b, 0) / kl.length,
     greedy_same: `${argmaxSame}/${kl.length}`,
+    max_abs_logprob_diff: maxDiff,
     per_step: kl,
   };
-  log(`KL per token: max ${sorted.at(-1)!.toExponential(2)}, median ${sorted[sorted.length >> 1]!.toExponential(2)}; greedy ${argmaxSame}/${kl.length}`);
+  log(
+    `KL per token: max ${sorted.at(-1)!.toExponential(2)}, median ${sorted[sorted.length >> 1]!.toExponential(2)}; greedy ${argmaxSame}/${kl.length}; max |Δ logprob| ${maxDiff}`,
+  );
   save();
 }
 
@@ -132,10 +149,10 @@ log("warm-up");
 await ours("exact", 8);
 await ours("fast", 8);
 if (twin) await theirs(8);
-const names = ["mlx-bun exact", "mlx-bun fast", ...(twin ? ["mlx-lm"] : [])];
+const names = [LABEL.exact, LABEL.fast, ...(twin ? ["mlx-lm"] : [])];
 const runs: Record<string, () => Promise<{ tps: number; tokens: number[] }>> = {
-  "mlx-bun exact": () => ours("exact", TOKENS),
-  "mlx-bun fast": () => ours("fast", TOKENS),
+  [LABEL.exact]: () => ours("exact", TOKENS),
+  [LABEL.fast]: () => ours("fast", TOKENS),
   "mlx-lm": () => theirs(TOKENS),
 };
 const tps: Record<string, number[]> = {};
@@ -160,4 +177,5 @@ for (const n of names) {
 console.log(JSON.stringify({ kl: { ...(result.kl as object), per_step: undefined }, greedy_first_32: result.greedy_first_32 }));
 if (twin) await twin.close();
 mx.kernels.set_fast_qmv(undefined);
+setFusedProjections(undefined);
 engine.dispose();

@@ -7,7 +7,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import type { QuantTriple } from "../quant-triple.ts";
 import type { Mask } from "../types.ts";
 import { decodeTwoPass } from "./decode-combine.ts";
-import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
+import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials, scaledQueries } from "./decode-plan.ts";
 import { affineDecoder, affineTokenRegs, type Backend, partialsSource } from "./decode-source.ts";
 
 /** Bit widths the kernel decodes (a code never straddles a uint32 word); others stay unfused. */
@@ -92,7 +92,7 @@ export function affineDecodeAttention(q: MlxArray, k: QuantTriple, v: QuantTripl
   if (affineDecodeKernel.path(s) === "reference" || q.ndim !== 4 || q.shape[2] !== 1 || !AFFINE_DECODE_BITS.includes(bits)) return null;
   using m = decodeMask(mask, q.shape[0]!, k.w.shape[2]!);
   if (!m) return null;
-  using qs = mx.multiply(q, scale, s);
+  using qs = scaledQueries(q, scale, s);
   const inputs = [qs, k.w, k.scales, k.biases, v.w, v.scales, v.biases, m];
   if (typeof shapesOf(inputs) === "string") return null;
   return decodeTwoPass(affineDecodeKernel, inputs, s);

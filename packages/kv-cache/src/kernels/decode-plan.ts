@@ -136,6 +136,15 @@ export function partialsLaunch(p: DecodePlan, mask: MlxArray) {
 }
 
 /**
+ * The queries the kernels take: q · scale as the unfused path computes it (a multiply in q's
+ * dtype). At scale 1 that product is q itself, bit for bit, so no multiply is issued: Gemma 4
+ * attends with scale 1, and a multiply node per attention layer and step costs launch and encode time.
+ */
+export function scaledQueries(q: MlxArray, scale: number, s?: Stream): MlxArray {
+  return scale === 1 ? q.retain() : mx.multiply(q, scale, s);
+}
+
+/**
  * The mask as the kernels read it: an owned [1 or B, 1, 1, T] array (boolean: true = visible;
  * or additive). No mask and "causal" (one query at the last position sees every key) become a
  * single `true`. Null when the mask has another form (per-head masks): the unfused path takes it.

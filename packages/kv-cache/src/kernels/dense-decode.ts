@@ -7,7 +7,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { processSetting } from "../setting.ts";
 import type { Mask } from "../types.ts";
 import { decodeTwoPass } from "./decode-combine.ts";
-import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
+import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials, scaledQueries } from "./decode-plan.ts";
 import { type Backend, type Decoder, partialsSource, UNROLL } from "./decode-source.ts";
 
 /** The lane's slice of row t of a plain [B, H, T, D] plane `a`, read through its strides, kept in T until used. */
@@ -89,7 +89,7 @@ export function denseDecodeAttention(q: MlxArray, k: MlxArray, v: MlxArray, scal
   if (denseDecode() !== "kernel" || denseDecodeKernel.path(s) === "reference" || q.ndim !== 4 || q.shape[2] !== 1) return null;
   using m = decodeMask(mask, q.shape[0]!, k.shape[2]!);
   if (!m) return null;
-  using qs = mx.multiply(q, scale, s);
+  using qs = scaledQueries(q, scale, s);
   const inputs = [qs, k, v, m];
   if (typeof planOf(inputs) === "string") return null;
   return decodeTwoPass(denseDecodeKernel, inputs, s);

@@ -5,7 +5,7 @@ import { type MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Mask } from "../types.ts";
 import { decodeTwoPass } from "./decode-combine.ts";
-import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials } from "./decode-plan.ts";
+import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials, scaledQueries } from "./decode-plan.ts";
 import { affineDecoder, affineTokenRegs, type Backend, partialsSource, TURBO_VALUE_TOKEN_REGS, turboValueDecoder } from "./decode-source.ts";
 import { turboValuesKernel } from "./turbo-values.ts";
 
@@ -102,7 +102,7 @@ export function turboDecodeAttention(
   if (turboDecodeKernel.path(s) === "reference" || q.ndim !== 4 || q.shape[2] !== 1 || !TURBO_DECODE_K_BITS.includes(kBits)) return null;
   using m = decodeMask(mask, q.shape[0]!, keys.w.shape[2]!);
   if (!m) return null;
-  using qs = mx.multiply(q, scale, s);
+  using qs = scaledQueries(q, scale, s);
   const inputs = [qs, keys.w, keys.scales, keys.biases, codes, vscale, centroids, m];
   if (typeof shapesOf(inputs) === "string") return null;
   return decodeTwoPass(turboDecodeKernel, inputs, s);

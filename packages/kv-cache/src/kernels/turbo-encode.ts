@@ -6,14 +6,13 @@
 // hadamard_transform rounds elsewhere, so Metal keeps the composition.
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
+import { cudaHadamard } from "./hadamard-source.ts";
 
 const tq = mx.turboquant;
 
 // One threadgroup of D threads per row; thread i owns element i.
 // 1. x = v·sign in T (exact: the signs are ±1).
-// 2. The transform as MLX's CUDA hadamard_n<T, D, 16>: radix-2 butterflies over ascending index
-//    bits in float32 (lower element a + b, upper a − b), rounded to T after every 4 bits and after
-//    the last bit, then × 1/√D (float) and rounded to T.
+// 2. The transform as MLX's CUDA hadamard_n<T, D, 16> (hadamard-source.ts).
 // 3. Σ rot² as MLX's row_reduce_simple over D float32s with 32 threads: lane l adds elements
 //    128·r + 4·l + j in order (r, then j), then the lanes meet in a tree over offsets 16..1
 //    (cooperative_groups::reduce); × 1/D; sqrt; max(·, 1e-30); rot / rms (IEEE, no contraction).
@@ -24,20 +23,8 @@ const CUDA = `
   __shared__ float buf[D];
   __shared__ float total;
   __shared__ unsigned char codes[D];
-  float x = static_cast<float>(static_cast<T>(static_cast<float>(v[row * D + i]) * static_cast<float>(signs[i])));
-  buf[i] = x;
-#pragma unroll
-  for (int b = 0; b < LOGD; ++b) {
-    __syncthreads();
-    const float a = buf[i];
-    const float o = buf[i ^ (1 << b)];
-    float y = (i & (1 << b)) ? __fsub_rn(o, a) : __fadd_rn(a, o);
-    if ((b & 3) == 3 || b == LOGD - 1) y = static_cast<float>(static_cast<T>(y));
-    __syncthreads();
-    buf[i] = y;
-  }
-  const float scale = (float)(1.0 / sqrt((double)D));
-  const float rot = static_cast<float>(static_cast<T>(__fmul_rn(buf[i], scale)));
+  const float x = static_cast<float>(static_cast<T>(static_cast<float>(v[row * D + i]) * static_cast<float>(signs[i])));
+${cudaHadamard("x", "rot")}
   __syncthreads();
   buf[i] = rot;
   __syncthreads();

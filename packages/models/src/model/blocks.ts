@@ -6,6 +6,7 @@ import { type Cache, createCausalMask, type KvView, type Mask, plainCodec } from
 import type { LayerSpec } from "../config.ts";
 import { WeightsError } from "../errors.ts";
 import { geglu, logitSoftcap } from "./compiled.ts";
+import { type FusedLinear, linearParts } from "./fused-linear.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights, switchLinear } from "./nn.ts";
 import { Scope } from "./scope.ts";
 
@@ -41,6 +42,8 @@ export interface LayerWeights {
   layerScalar: MlxArray;
   /** Custom RoPE frequencies (proportional RoPE), shared per layer type. */
   freqs?: MlxArray;
+  /** q/k(/v) and gate/up fused along their output rows for single-row (decode) inputs. */
+  fused?: { qkv?: FusedLinear; gateUp?: FusedLinear };
 }
 
 /** Whole-model weights. */
@@ -112,9 +115,8 @@ function rope(lw: LayerWeights, x: MlxArray, offset: MlxArray | number): MlxArra
   return mx.fast.rope(x, r.dims, { traditional: r.traditional, base: r.theta, scale: r.scale, offset });
 }
 
-function queries(lw: LayerWeights, hIn: MlxArray, B: number, L: number, eps: number, s: Scope): MlxArray {
+function queries(lw: LayerWeights, q0: MlxArray, B: number, L: number, eps: number, s: Scope): MlxArray {
   const spec = lw.spec;
-  const q0 = s.t(linear(lw.q, hIn));
   const q1 = s.t(mx.reshape(q0, [B, L, spec.numHeads, spec.headDim]));
   return s.t(mx.fast.rms_norm(q1, lw.qNorm, eps));
 }
@@ -143,14 +145,10 @@ export function attentionOwn(
 ): { h: MlxArray; shared: Shared } {
   const spec = lw.spec;
   const hIn = s.t(mx.fast.rms_norm(x, lw.inputNorm, eps));
-  const q2 = queries(lw, hIn, B, L, eps, s);
-  const k0 = s.t(linear(lw.k!, hIn));
-  const k1 = s.t(mx.reshape(k0, [B, L, spec.numKvHeads, spec.headDim]));
-  let v1 = k1;
-  if (lw.v) {
-    const v0 = s.t(linear(lw.v, hIn));
-    v1 = s.t(mx.reshape(v0, [B, L, spec.numKvHeads, spec.headDim]));
-  }
+  const [q0, k0, v0] = linearParts(lw.fused?.qkv, lw.v ? [lw.q, lw.k!, lw.v] : [lw.q, lw.k!], hIn).map((a) => s.t(a));
+  const q2 = queries(lw, q0!, B, L, eps, s);
+  const k1 = s.t(mx.reshape(k0!, [B, L, spec.numKvHeads, spec.headDim]));
+  const v1 = v0 ? s.t(mx.reshape(v0, [B, L, spec.numKvHeads, spec.headDim])) : k1;
   // mlx-lm passes mx.array(cache.offset): a scalar, or per-row positions of a batch.
   const offset = cache ? (cache.positions ? cache.positions() : MlxArray.scalar(cache.offset, "int32")) : 0;
   const k2 = s.t(mx.fast.rms_norm(k1, lw.kNorm!, eps));
@@ -167,14 +165,13 @@ export function attentionOwn(
 export function attentionShared(lw: LayerWeights, x: MlxArray, mask: Mask, donor: Shared | undefined, B: number, L: number, eps: number, s: Scope): MlxArray {
   if (!donor) throw new WeightsError(`Layer ${lw.spec.index} is a KV-shared layer but received no shared_kv`);
   const hIn = s.t(mx.fast.rms_norm(x, lw.inputNorm, eps));
-  const q2 = queries(lw, hIn, B, L, eps, s);
+  const q2 = queries(lw, s.t(linear(lw.q, hIn)), B, L, eps, s);
   return attendAndProject(lw, x, q2, donor, mask, B, L, eps, s);
 }
 
 function mlp(lw: LayerWeights, x: MlxArray, s: Scope): MlxArray {
-  const g = s.t(linear(lw.gate, x));
-  const u = s.t(linear(lw.up, x));
-  const prod = s.t(geglu(g, u));
+  const [g, u] = linearParts(lw.fused?.gateUp, [lw.gate, lw.up], x).map((a) => s.t(a));
+  const prod = s.t(geglu(g!, u!));
   return linear(lw.down, prod);
 }
 

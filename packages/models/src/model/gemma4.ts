@@ -26,6 +26,7 @@ import {
   type Shared,
 } from "./blocks.ts";
 import { codecFor, type KvMode } from "./kv-mode.ts";
+import { fusedProjections, fuseLinears } from "./fused-linear.ts";
 import { embed, type ModuleWeights, moduleWeights } from "./nn.ts";
 import { Scope } from "./scope.ts";
 
@@ -135,6 +136,9 @@ export class Gemma4Model implements Disposable {
       softcap: t.finalLogitSoftcapping,
       topK: t.topKExperts ?? 0,
     };
+    // Last, once every tensor was found: nothing can fail after the fused tensors are made.
+    fusedProjections(); // a bad MLX_BUN_FUSED_PROJECTIONS fails the load, not the first step
+    this.#fuseProjections(layers, tensors);
   }
 
   /**
@@ -227,6 +231,27 @@ export class Gemma4Model implements Disposable {
       releaseShared(shared);
     }
     return h;
+  }
+
+  /** q/k/v and gate/up of each layer as one quantized matmul at decode (fused-linear.ts); the tensors map gets the row views. */
+  #fuseProjections(layers: LayerWeights[], tensors: Map<string, MlxArray>): void {
+    const keyOf = new Map<MlxArray, string>();
+    for (const [k, a] of tensors) keyOf.set(a, k);
+    const replace = (old: MlxArray, view: MlxArray): void => {
+      const key = keyOf.get(old);
+      if (key === undefined) {
+        this.#owned.push(view);
+        return;
+      }
+      tensors.set(key, view);
+      keyOf.delete(old);
+      old.dispose();
+    };
+    for (const lw of layers) {
+      const qkv = lw.k ? fuseLinears([lw.q, lw.k, ...(lw.v ? [lw.v] : [])], this.#owned, replace) : null;
+      const gateUp = fuseLinears([lw.gate, lw.up], this.#owned, replace);
+      if (qkv || gateUp) lw.fused = { ...(qkv ? { qkv } : {}), ...(gateUp ? { gateUp } : {}) };
+    }
   }
 
   dispose(): void {

@@ -10,6 +10,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { ConfigError } from "../errors.ts";
 import type { LoadedModel } from "../load.ts";
 import type { ModuleWeights } from "./nn.ts";
+import { releaseFused } from "./fused-linear.ts";
 
 /** The all_sum of a sharded model's partial outputs; records them so a step can evaluate every collective. */
 export class TensorParallel {
@@ -68,6 +69,11 @@ export function shardModel(loaded: LoadedModel, group: mx.distributed.Group): Te
     if (m.lora) throw new ConfigError("tensor parallel: LoRA adapters are not supported on a sharded model");
   }
   for (const lw of model.parts.layers) {
+    // Each rank keeps its slice of every part: the fused whole tensors go (fused-linear.ts).
+    if (lw.fused) {
+      for (const g of [lw.fused.qkv, lw.fused.gateUp]) if (g) releaseFused(g);
+      delete lw.fused;
+    }
     const spec = lw.spec;
     const where = `layer ${spec.index}`;
     check(spec.numHeads % N === 0, `tensor parallel: ${where} has ${spec.numHeads} attention heads, which do not divide by the group size ${N}`);
