@@ -1,5 +1,6 @@
 // The building blocks of the Gemma 4 forward pass (gemma4_text.py), which Gemma4Model.forward
-// (gemma4.ts) picks per layer from its spec at run time. Same ops, same order as mlx-lm.
+// (gemma4.ts) picks per layer from its spec at run time. Same ops, same order as mlx-lm (decode's
+// q/k/v and gate/up: one quantized matmul each group, same bits; fused-linear.ts).
 import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, createCausalMask, type KvView, type Mask, plainCodec } from "@mlx-bun/kv-cache";

@@ -1,6 +1,7 @@
 // Gemma 4 text model (gemma4_text.py): weights resolved once, then one forward pass for every
 // config, which picks the blocks per layer from its spec at run time. It issues the same ops in
-// the same order and dtypes as mlx-lm, so logits match it bit for bit (docs/gemma4.md).
+// the same order and dtypes as mlx-lm, so logits match it bit for bit (docs/gemma4.md), but for
+// decode's fused projections: fewer quantized matmuls, the same bits (docs/fused-projections.md).
 import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { type Cache, KVCache, type Mask, RotatingKVCache } from "@mlx-bun/kv-cache";
