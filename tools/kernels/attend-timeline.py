@@ -2,7 +2,7 @@
 
   ncu --profile-from-start off --metrics gpu__time_duration.sum --clock-control none --csv \\
     --print-kernel-base function .native/bin/bun tools/bench/kv-cache.ts --profile-last --layers 8 ... > t.csv
-  python3 tools/kernels/attend-timeline.py t.csv 8 "bf16,turbo:4,3"
+  python3 tools/kernels/attend-timeline.py t.csv 8 "bf16;turbo:4,3"
 
 The bench records each mode's last evaluation of LAYERS attends, then a marker kernel
 (mlxb_profile_marker): the sections between markers are the modes, in the bench's order.
