@@ -213,7 +213,9 @@ def check_turbo_unrotate(k, emulate, quick=False):
 
 # ----------------------------------------------------------------------------- decode attention
 # Mirrors packages/kv-cache/src/kernels/decode-plan.ts (decodePlan, partialsLaunch).
-WARPS, MAX_WARPS, MIN_RUN, LANE_FLOATS, TILE_REGS, MAX_NT = 4, 8192, 32, 32, 34, 8
+WARPS, MAX_WARPS, MIN_RUN, TILE_REGS, MAX_NT = 4, 8192, 32, 34, 8
+# As decodePlan reads it: fewer query heads a warp (MLX_BUN_DECODE_LANE_FLOATS=16 or 8) checks those variants.
+LANE_FLOATS = int(os.environ.get("MLX_BUN_DECODE_LANE_FLOATS") or 32)
 COMBINE_WARPS = 16  # decode-source.ts
 TURBO_VALUE_TOKEN_REGS = 3
 
@@ -228,7 +230,7 @@ def affine_token_regs(dim, bits, group):
 def plan(b, hq, hkv, dk, dv, t, token_regs):
     n_rep = hq // hkv
     per = max(dk, dv) // 32
-    reps = next(r for r in range(n_rep, 0, -1) if n_rep % r == 0 and r * per <= LANE_FLOATS)
+    reps = next((r for r in range(n_rep, 0, -1) if n_rep % r == 0 and r * per <= LANE_FLOATS), 1)
     rows = b * hkv * (n_rep // reps)
     nt = max(1, min(MAX_NT, TILE_REGS // (token_regs + 1), 32 // 2 ** math.ceil(math.log2(reps))))
     run = math.ceil(max(MIN_RUN, math.ceil(t * rows / MAX_WARPS)) / nt) * nt

@@ -34,6 +34,8 @@ TURBO = dict(BK=4, GK=32, VB=3)
 VARIANTS = [
     ("mlxb_turbo_decode_partials", dict(DK=512, DV=512, NREP=2, REPS=2, NT=4, **TURBO)),
     ("mlxb_turbo_decode_partials", dict(DK=256, DV=256, NREP=4, REPS=4, NT=4, **TURBO)),
+    # Two query heads a warp (MLX_BUN_DECODE_LANE_FLOATS=16): 122 registers, 4 threadgroups an SM.
+    ("mlxb_turbo_decode_partials", dict(DK=256, DV=256, NREP=4, REPS=2, NT=4, **TURBO)),
     ("mlxb_affine_decode_partials", dict(DK=512, DV=512, NREP=2, REPS=2, NT=2, BK=8, GK=64, BV=8, GV=64)),
     ("mlxb_affine_decode_partials", dict(DK=256, DV=256, NREP=4, REPS=4, NT=4, BK=4, GK=64, BV=4, GV=64)),
     # The 12B-shaped model's FFN up projection at one and four rows (issue 20).

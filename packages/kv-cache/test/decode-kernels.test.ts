@@ -391,6 +391,27 @@ describe("what the sources assume", () => {
     }
   });
 
+  test("MLX_BUN_DECODE_LANE_FLOATS lowers the query heads a warp carries; a bad value is refused by name", () => {
+    using q = MlxArray.fromNumbers(new Array(8 * 256).fill(0), [1, 8, 1, 256], "bfloat16");
+    const reps = (): number => (decodePlan(q, 2, 256, 256, 4096, 3) as { reps: number }).reps;
+    const before = process.env.MLX_BUN_DECODE_LANE_FLOATS;
+    try {
+      delete process.env.MLX_BUN_DECODE_LANE_FLOATS;
+      expect(reps()).toBe(4); // 4 heads × 8 floats of a 256-dim head per lane
+      process.env.MLX_BUN_DECODE_LANE_FLOATS = "16";
+      expect(reps()).toBe(2);
+      process.env.MLX_BUN_DECODE_LANE_FLOATS = "8";
+      expect(reps()).toBe(1);
+      for (const bad of ["4", "x"]) {
+        process.env.MLX_BUN_DECODE_LANE_FLOATS = bad;
+        expect(reps).toThrow(new RegExp(`^MLX_BUN_DECODE_LANE_FLOATS=${bad}: expected 8 or 16 or 32$`));
+      }
+    } finally {
+      if (before === undefined) delete process.env.MLX_BUN_DECODE_LANE_FLOATS;
+      else process.env.MLX_BUN_DECODE_LANE_FLOATS = before;
+    }
+  });
+
   test("masks the kernels read: none/causal → one true; [B,1,1,T] kept; per-head masks go to the unfused path", () => {
     using none = decodeMask(null, 2, 5)!;
     expect(none.shape).toEqual([1, 1, 1, 1]);

@@ -28,6 +28,12 @@ const warpTarget = processSetting(
 const MIN_RUN = 32;
 /** Floats per lane for the queries (and as many for the accumulators) a warp carries. */
 const LANE_FLOATS = 32;
+/**
+ * MLX_BUN_DECODE_LANE_FLOATS (8, 16, 32) lowers it, to measure on a GPU fewer query heads a warp:
+ * fewer registers (ptxas: 168 → 122 for turbo:4,3 with 8/2 heads of 256, 4 threadgroups an SM
+ * instead of 3) against decoding each token once per group of heads instead of once.
+ */
+const laneFloats = processSetting("MLX_BUN_DECODE_LANE_FLOATS", "the decode lane floats", ["8", "16", "32"], () => String(LANE_FLOATS));
 
 export interface DecodePlan {
   batch: number;
@@ -93,9 +99,10 @@ export function decodePlan(q: MlxArray, kvHeads: number, dk: number, dv: number,
   if (tokens < 1) return "no cached tokens";
   const nRep = qHeads / kvHeads;
   const perHead = Math.max(dk, dv) / 32;
+  const lane = Number(laneFloats.get());
   let reps = 1;
   for (let r = nRep; r >= 1; r--) {
-    if (nRep % r === 0 && r * perHead <= LANE_FLOATS) {
+    if (nRep % r === 0 && r * perHead <= lane) {
       reps = r;
       break;
     }
