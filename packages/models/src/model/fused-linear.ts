@@ -43,6 +43,8 @@ export function fuseLinears(parts: readonly ModuleWeights[], owned: MlxArray[], 
     if (!sameQuant(first, p)) return null;
   }
   const rows = parts.map((p) => p.weight.shape[0]!);
+  // Metal picks qmv_fast or qmv by N % 8 (and K): with every part a multiple of 8, the stack takes the parts' kernel.
+  if (rows.some((n) => n % 8 !== 0)) return null;
   const total = rows.reduce((a, b) => a + b, 0);
   const inFeatures = (first.weight.shape[1]! * 32) / first.quant!.bits;
   if (total > FUSED_MAX_DIM || inFeatures > FUSED_MAX_DIM) return null;
