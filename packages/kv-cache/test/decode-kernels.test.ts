@@ -9,7 +9,7 @@ import { KVCache, affineCodec, quantizedAttention, quantizedKeyAttention, turboQ
 import { affineDecodeAttention, affineDecodeKernel } from "../src/kernels/affine-decode.ts";
 import { decodeCombineKernel } from "../src/kernels/decode-combine.ts";
 import { denseDecode, denseDecodeAttention, denseDecodeKernel, setDenseDecode } from "../src/kernels/dense-decode.ts";
-import { DECODE_WARPS, decodeMask, decodePlan, decodeRunLength, scaledQueries } from "../src/kernels/decode-plan.ts";
+import { DECODE_WARPS, decodeMask, decodePlan, type DecodePlan, decodeRunLength, scaledQueries } from "../src/kernels/decode-plan.ts";
 import { affineTokenRegs, TURBO_VALUE_TOKEN_REGS } from "../src/kernels/decode-source.ts";
 import { turboDecodeKernel } from "../src/kernels/turbo-decode.ts";
 import { turboValues } from "../src/kernels/turbo-values.ts";
@@ -352,65 +352,79 @@ describe("what the sources assume", () => {
     expect(decodePlan(q3, 1, 192, 200, 10, 8)).toMatch(/value head dim 200 must be a multiple of 32/);
   });
 
-  test("MLX_BUN_DECODE_TILE caps the tokens per tile; a bad value is refused by name", () => {
-    using q = MlxArray.fromNumbers(new Array(8 * 256).fill(0), [1, 8, 1, 256], "bfloat16");
-    const nt = (): number => (decodePlan(q, 2, 256, 256, 4096, 3) as { nt: number }).nt;
-    const before = process.env.MLX_BUN_DECODE_TILE;
-    try {
-      delete process.env.MLX_BUN_DECODE_TILE;
-      expect(nt()).toBe(8); // 34 registers / (3 + the mask's 1), at most 8
-      process.env.MLX_BUN_DECODE_TILE = "2";
-      expect(nt()).toBe(2);
-      for (const bad of ["0", "9", "2.5", "x"]) {
-        process.env.MLX_BUN_DECODE_TILE = bad;
-        expect(nt).toThrow(new RegExp(`^MLX_BUN_DECODE_TILE=${bad.replace(".", "\\.")}: expected 1 or 2 or 3 or 4 or 5 or 6 or 7 or 8$`));
-      }
-    } finally {
-      if (before === undefined) delete process.env.MLX_BUN_DECODE_TILE;
-      else process.env.MLX_BUN_DECODE_TILE = before;
-    }
-  });
-
-  test("MLX_BUN_DECODE_WARPS sets the warps the tokens are split over; a bad value is refused by name", () => {
-    using q = MlxArray.fromNumbers(new Array(8 * 256).fill(0), [1, 8, 1, 256], "bfloat16");
-    const plan = () => decodePlan(q, 2, 256, 256, 131072, 3) as { tpw: number; parts: number };
-    const before = process.env.MLX_BUN_DECODE_WARPS;
-    try {
-      delete process.env.MLX_BUN_DECODE_WARPS;
+  // The measurement knobs of the plan: each setting's effect on the plan for 8 query heads over 2
+  // KV heads of 256, and bad values refused by the variable's name.
+  const knobs: {
+    env: string;
+    what: string;
+    tokens: number;
+    read: (p: DecodePlan) => unknown;
+    cases: [string | undefined, unknown][];
+    bad: string[];
+    choices: string;
+  }[] = [
+    {
+      env: "MLX_BUN_DECODE_TILE",
+      what: "caps the tokens per tile",
+      tokens: 4096,
+      read: (p) => p.nt,
+      // 34 registers / (3 + the mask's 1), at most 8.
+      cases: [
+        [undefined, 8],
+        ["2", 2],
+      ],
+      bad: ["0", "9", "2.5", "x"],
+      choices: "1 or 2 or 3 or 4 or 5 or 6 or 7 or 8",
+    },
+    {
+      env: "MLX_BUN_DECODE_WARPS",
+      what: "sets the warps the tokens are split over",
+      tokens: 131072,
+      read: (p) => [p.tpw, p.parts],
       // 8192 warps over 2 KV heads (all 4 query heads in one warp): runs of 32 tokens, 1024 partials.
-      expect(plan()).toMatchObject({ tpw: 32, parts: 1024 });
-      process.env.MLX_BUN_DECODE_WARPS = "2048";
-      expect(plan()).toMatchObject({ tpw: 128, parts: 256 });
-      for (const bad of ["3000", "0", "x"]) {
-        process.env.MLX_BUN_DECODE_WARPS = bad;
-        expect(plan).toThrow(new RegExp(`^MLX_BUN_DECODE_WARPS=${bad}: expected 1024 or 2048 or 4096 or 8192 or 16384 or 32768$`));
+      cases: [
+        [undefined, [32, 1024]],
+        ["2048", [128, 256]],
+      ],
+      bad: ["3000", "0", "x"],
+      choices: "1024 or 2048 or 4096 or 8192 or 16384 or 32768",
+    },
+    {
+      env: "MLX_BUN_DECODE_LANE_FLOATS",
+      what: "lowers the query heads a warp carries",
+      tokens: 4096,
+      read: (p) => p.reps,
+      // 4 heads × 8 floats of a 256-dim head per lane, then 2, then 1.
+      cases: [
+        [undefined, 4],
+        ["16", 2],
+        ["8", 1],
+      ],
+      bad: ["4", "x"],
+      choices: "8 or 16 or 32",
+    },
+  ];
+  for (const k of knobs) {
+    test(`${k.env} ${k.what}; a bad value is refused by name`, () => {
+      using q = MlxArray.fromNumbers(new Array(8 * 256).fill(0), [1, 8, 1, 256], "bfloat16");
+      const plan = () => k.read(decodePlan(q, 2, 256, 256, k.tokens, 3) as DecodePlan);
+      const before = process.env[k.env];
+      try {
+        for (const [value, want] of k.cases) {
+          if (value === undefined) delete process.env[k.env];
+          else process.env[k.env] = value;
+          expect(plan(), `${k.env}=${value}`).toEqual(want);
+        }
+        for (const bad of k.bad) {
+          process.env[k.env] = bad;
+          expect(plan).toThrow(new RegExp(`^${k.env}=${bad.replace(".", "\\.")}: expected ${k.choices}$`));
+        }
+      } finally {
+        if (before === undefined) delete process.env[k.env];
+        else process.env[k.env] = before;
       }
-    } finally {
-      if (before === undefined) delete process.env.MLX_BUN_DECODE_WARPS;
-      else process.env.MLX_BUN_DECODE_WARPS = before;
-    }
-  });
-
-  test("MLX_BUN_DECODE_LANE_FLOATS lowers the query heads a warp carries; a bad value is refused by name", () => {
-    using q = MlxArray.fromNumbers(new Array(8 * 256).fill(0), [1, 8, 1, 256], "bfloat16");
-    const reps = (): number => (decodePlan(q, 2, 256, 256, 4096, 3) as { reps: number }).reps;
-    const before = process.env.MLX_BUN_DECODE_LANE_FLOATS;
-    try {
-      delete process.env.MLX_BUN_DECODE_LANE_FLOATS;
-      expect(reps()).toBe(4); // 4 heads × 8 floats of a 256-dim head per lane
-      process.env.MLX_BUN_DECODE_LANE_FLOATS = "16";
-      expect(reps()).toBe(2);
-      process.env.MLX_BUN_DECODE_LANE_FLOATS = "8";
-      expect(reps()).toBe(1);
-      for (const bad of ["4", "x"]) {
-        process.env.MLX_BUN_DECODE_LANE_FLOATS = bad;
-        expect(reps).toThrow(new RegExp(`^MLX_BUN_DECODE_LANE_FLOATS=${bad}: expected 8 or 16 or 32$`));
-      }
-    } finally {
-      if (before === undefined) delete process.env.MLX_BUN_DECODE_LANE_FLOATS;
-      else process.env.MLX_BUN_DECODE_LANE_FLOATS = before;
-    }
-  });
+    });
+  }
 
   test("masks the kernels read: none/causal → one true; [B,1,1,T] kept; per-head masks go to the unfused path", () => {
     using none = decodeMask(null, 2, 5)!;
