@@ -14,7 +14,8 @@ import csv
 import sys
 from collections import defaultdict
 
-UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# ncu writes "nsecond" or "ns" (and so on) depending on its version.
+UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 def kernels(path: str) -> list[tuple[str, float]]:
@@ -35,7 +36,7 @@ def main() -> None:
     modes = sys.argv[3].split(";") if len(sys.argv) > 3 else []
     sections: list[list[tuple[str, float]]] = [[]]
     for name, us in kernels(path):
-        if name.startswith("mlxb_profile_marker"):
+        if "mlxb_profile_marker" in name:  # MLX names it custom_kernel_mlxb_profile_marker...
             sections.append([])
         else:
             sections[-1].append((name, us))
