@@ -36,13 +36,28 @@ function withEnv<T>(value: string | undefined, fn: () => T): T {
   }
 }
 
+/** A tiny checkpoint's weights and model, disposed together. */
+function open(name: Parameters<TinySuite["path"]>[0]) {
+  const ckpt = suite.path(name);
+  const config = loadGemma4Config(ckpt);
+  const weights = loadWeights(ckpt, config);
+  const model = new Gemma4Model(config, weights.tensors);
+  return {
+    weights,
+    model,
+    [Symbol.dispose]() {
+      model.dispose();
+      weights.dispose();
+    },
+  };
+}
+
 /** Evaluate every tensor and fused tensor of a model: the active bytes after, over `base`, and the tensors' own bytes. */
-function loadedBytes(ckpt: string): { held: number; tensors: number } {
+function loadedBytes(name: Parameters<TinySuite["path"]>[0]): { held: number; tensors: number } {
   memory.clearCache();
   const base = memory.active();
-  const config = loadGemma4Config(ckpt);
-  using weights = loadWeights(ckpt, config);
-  using model = new Gemma4Model(config, weights.tensors);
+  const m = open(name);
+  const { weights, model } = m;
   const fused = model.parts.layers
     .flatMap((lw) => [lw.fused?.qkv, lw.fused?.gateUp])
     .flatMap((g) => (g ? [g.fused.weight, g.fused.scales!, g.fused.biases!] : []));
@@ -53,8 +68,7 @@ function loadedBytes(ckpt: string): { held: number; tensors: number } {
   const held = memory.active() - base;
   let tensors = 0;
   for (const a of weights.tensors.values()) tensors += a.nbytes;
-  model.dispose();
-  weights.dispose();
+  m[Symbol.dispose]();
   memory.clearCache();
   expect(memory.active()).toBe(base);
   return { held, tensors };
@@ -67,10 +81,8 @@ describe("fused projections", () => {
       ["moe-4bit", true],
       ["dense-bf16", false],
     ] as const) {
-      const ckpt = suite.path(name);
-      const config = loadGemma4Config(ckpt);
-      using weights = loadWeights(ckpt, config);
-      using model = new Gemma4Model(config, weights.tensors);
+      using m = open(name);
+      const { model } = m;
       for (const lw of model.parts.layers) {
         if (!expectFused) {
           expect(lw.fused, `${name} layer ${lw.spec.index}`).toBeUndefined();
@@ -88,10 +100,8 @@ describe("fused projections", () => {
   });
 
   test("mixed precision (8-bit next to 4-bit) never fuses modules of different widths", () => {
-    const ckpt = suite.path("dense-mixed");
-    const config = loadGemma4Config(ckpt);
-    using weights = loadWeights(ckpt, config);
-    using model = new Gemma4Model(config, weights.tensors);
+    using m = open("dense-mixed");
+    const { model } = m;
     for (const lw of model.parts.layers) {
       for (const g of [lw.fused?.qkv, lw.fused?.gateUp]) {
         if (!g) continue;
@@ -102,7 +112,7 @@ describe("fused projections", () => {
   });
 
   test("the fused tensors add no memory: the parts are views of them", () => {
-    const { held, tensors } = loadedBytes(suite.path("small-4bit"));
+    const { held, tensors } = loadedBytes("small-4bit");
     // The tensors' bytes (parts counted as their own rows) and at most a few bytes of other arrays.
     expect(held).toBeGreaterThanOrEqual(tensors);
     expect(held - tensors).toBeLessThan(64);
@@ -116,11 +126,8 @@ describe("fused projections", () => {
   });
 
   test("a single row takes the fused matmul and gives each part's own outputs; several rows and an adapter take the parts", () => {
-    const ckpt = suite.path("small-4bit");
-    const config = loadGemma4Config(ckpt);
-    using weights = loadWeights(ckpt, config);
-    using model = new Gemma4Model(config, weights.tensors);
-    const lw = model.parts.layers.find((l) => l.fused?.qkv && l.v)!;
+    using m = open("small-4bit");
+    const lw = m.model.parts.layers.find((l) => l.fused?.qkv && l.v)!;
     const parts = [lw.q, lw.k!, lw.v!];
     const hidden = (lw.q.weight.shape[1]! * 32) / lw.q.quant!.bits;
     using key = mx.random.key(3);

@@ -1,7 +1,37 @@
-// The orthonormal Walsh-Hadamard transform of a row in CUDA source, rounded where MLX's CUDA
-// hadamard_transform rounds, so a kernel that runs it writes the bits of mx.hadamard_transform:
-// the TurboQuant value encode (turbo-encode.ts) and the un-rotation of attention outputs
-// (turbo-unrotate.ts). docs/turboquant.md, "The encode kernel", has how this was matched.
+// What the row-wise Hadamard kernels share — the TurboQuant value encode (turbo-encode.ts) and the
+// un-rotation of attention outputs (turbo-unrotate.ts): the transform in CUDA source, rounded where
+// MLX's CUDA hadamard_transform rounds (so a kernel that runs it writes the bits of
+// mx.hadamard_transform; docs/turboquant.md, "The encode kernel", has how this was matched), the
+// check of their rows-and-signs inputs and their launch of one threadgroup of D threads per row.
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
+import * as mx from "@mlx-bun/mlx-ops";
+
+/**
+ * The row length D of `x` (rows along its last axis, one sign per element), or why the kernels
+ * cannot take it; `what` names x in the message.
+ */
+export function hadamardRows(x: MlxArray, signs: MlxArray, what: string): number | string {
+  const sizes = mx.turboquant.FWHT_SIZES;
+  if (x.ndim < 1) return `${what} need at least one dimension`;
+  if (!["bfloat16", "float16", "float32"].includes(x.dtype)) return `${what} must be floating, got ${x.dtype}`;
+  const d = x.shape.at(-1)!;
+  if (!sizes.includes(d)) return `head dim ${d} is not one of ${sizes.join(", ")}`;
+  if (signs.ndim !== 1 || signs.shape[0] !== d || signs.dtype !== x.dtype) return `signs must be [${d}] ${x.dtype}, got ${signs.describe()}`;
+  return d;
+}
+
+/** Grid, threadgroup and the templates cudaHadamard reads (T, D, LOGD): one threadgroup of D threads per row of `x`. */
+export function hadamardLaunch(x: MlxArray, d: number) {
+  return {
+    grid: [x.size, 1, 1] as [number, number, number],
+    threadgroup: [d, 1, 1] as [number, number, number],
+    template: [
+      ["T", x.dtype],
+      ["D", d],
+      ["LOGD", Math.log2(d)],
+    ] as [string, number | MlxArray["dtype"]][],
+  };
+}
 
 /**
  * CUDA text for one threadgroup of D threads per row (templates T, D, LOGD), thread i holding the

@@ -6,7 +6,7 @@
 // hadamard_transform rounds elsewhere, so Metal keeps the composition.
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { cudaHadamard } from "./hadamard-source.ts";
+import { cudaHadamard, hadamardLaunch, hadamardRows } from "./hadamard-source.ts";
 
 const tq = mx.turboquant;
 
@@ -63,11 +63,8 @@ ${cudaHadamard("x", "rot")}
 `;
 
 function shapesOf([v, signs, boundaries]: readonly MlxArray[]): { d: number; bits: number } | string {
-  if (v!.ndim < 1) return "values need at least one dimension";
-  if (!["bfloat16", "float16", "float32"].includes(v!.dtype)) return `values must be floating, got ${v!.dtype}`;
-  const d = v!.shape.at(-1)!;
-  if (!tq.FWHT_SIZES.includes(d)) return `head dim ${d} is not one of ${tq.FWHT_SIZES.join(", ")}`;
-  if (signs!.ndim !== 1 || signs!.shape[0] !== d || signs!.dtype !== v!.dtype) return `signs must be [${d}] ${v!.dtype}, got ${signs!.describe()}`;
+  const d = hadamardRows(v!, signs!, "values");
+  if (typeof d === "string") return d;
   if (boundaries!.dtype !== "float32" || boundaries!.ndim !== 1) return "boundaries must be a float32 vector";
   const bits = Math.log2(boundaries!.size + 1);
   if (![1, 2, 3, 4].includes(bits)) return `boundaries must number 2^bits − 1 for 1-4 bits, got ${boundaries!.size}`;
@@ -99,23 +96,16 @@ export const turboEncodeKernel = mx.kernels.custom_kernel({
   launch: (inputs) => {
     const { d, bits } = shapesOf(inputs) as { d: number; bits: number };
     const v = inputs[0]!;
-    const rows = v.size / d;
     const lead = v.shape.slice(0, -1);
+    const rows = hadamardLaunch(v, d);
     return {
       output_shapes: [
         [...lead, (d * bits) / 8],
         [...lead, 1],
       ],
       output_dtypes: ["uint8", v.dtype],
-      grid: [rows * d, 1, 1],
-      threadgroup: [d, 1, 1],
-      template: [
-        ["T", v.dtype],
-        ["D", d],
-        ["LOGD", Math.log2(d)],
-        ["VB", bits],
-        ["NBD", (1 << bits) - 1],
-      ],
+      ...rows,
+      template: [...rows.template, ["VB", bits], ["NBD", (1 << bits) - 1]],
     };
   },
 });

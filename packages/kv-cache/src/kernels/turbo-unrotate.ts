@@ -5,7 +5,7 @@
 // Metal hadamard_transform rounds elsewhere, so Metal (and the CPU) keep the composition.
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { cudaHadamard } from "./hadamard-source.ts";
+import { cudaHadamard, hadamardLaunch, hadamardRows } from "./hadamard-source.ts";
 
 const tq = mx.turboquant;
 
@@ -19,14 +19,7 @@ ${cudaHadamard("x", "rot")}
   out[row * D + i] = static_cast<T>(rot * static_cast<float>(signs[i]));
 `;
 
-function dimOf([y, signs]: readonly MlxArray[]): number | string {
-  if (y!.ndim < 1) return "outputs need at least one dimension";
-  if (!["bfloat16", "float16", "float32"].includes(y!.dtype)) return `outputs must be floating, got ${y!.dtype}`;
-  const d = y!.shape.at(-1)!;
-  if (!tq.FWHT_SIZES.includes(d)) return `head dim ${d} is not one of ${tq.FWHT_SIZES.join(", ")}`;
-  if (signs!.ndim !== 1 || signs!.shape[0] !== d || signs!.dtype !== y!.dtype) return `signs must be [${d}] ${y!.dtype}, got ${signs!.describe()}`;
-  return d;
-}
+const dimOf = ([y, signs]: readonly MlxArray[]): number | string => hadamardRows(y!, signs!, "outputs");
 
 export const turboUnrotateKernel = mx.kernels.custom_kernel({
   name: "mlxb_turbo_unrotate",
@@ -39,18 +32,7 @@ export const turboUnrotateKernel = mx.kernels.custom_kernel({
   },
   reference: ([y, signs], s) => [tq.fwht_inverse(y!, signs!, s)],
   launch: (inputs) => {
-    const d = dimOf(inputs) as number;
     const y = inputs[0]!;
-    return {
-      output_shapes: [y.shape],
-      output_dtypes: [y.dtype],
-      grid: [y.size, 1, 1],
-      threadgroup: [d, 1, 1],
-      template: [
-        ["T", y.dtype],
-        ["D", d],
-        ["LOGD", Math.log2(d)],
-      ],
-    };
+    return { output_shapes: [y.shape], output_dtypes: [y.dtype], ...hadamardLaunch(y, dimOf(inputs) as number) };
   },
 });
