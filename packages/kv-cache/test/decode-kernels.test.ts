@@ -6,12 +6,12 @@ import { describe, expect, test } from "vitest";
 import { type Dtype, memory, MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { KVCache, affineCodec, quantizedAttention, quantizedKeyAttention, turboQuantCodec, type Mask } from "../src/index.ts";
-import { affineDecodeAttention, affineDecodeKernel } from "../src/kernels/affine-decode.ts";
+import { affineDecodeAttention, affineDecodeKernel, affineDecodeKey } from "../src/kernels/affine-decode.ts";
 import { decodeCombineKernel } from "../src/kernels/decode-combine.ts";
-import { denseDecode, denseDecodeAttention, denseDecodeKernel, setDenseDecode } from "../src/kernels/dense-decode.ts";
+import { denseDecode, denseDecodeAttention, denseDecodeKernel, denseDecodeKey, setDenseDecode } from "../src/kernels/dense-decode.ts";
 import { DECODE_WARPS, decodeMask, decodePlan, type DecodePlan, decodeRunLength, scaledQueries } from "../src/kernels/decode-plan.ts";
 import { affineTokenRegs, TURBO_VALUE_TOKEN_REGS } from "../src/kernels/decode-source.ts";
-import { turboDecodeKernel } from "../src/kernels/turbo-decode.ts";
+import { turboDecodeKernel, turboDecodeKey } from "../src/kernels/turbo-decode.ts";
 import { turboValues } from "../src/kernels/turbo-values.ts";
 import { closeDiff, exactDiff, relativeError as relErr } from "../../../tools/oracle/compare.ts";
 
@@ -486,6 +486,84 @@ describe("paths", () => {
     } finally {
       dispose();
     }
+  });
+
+  // runKeyed reuses a key's first launch for later inputs: a key that left out something the
+  // launch reads would run a wrong grid or template. Every shape class here (lazy zeros: nothing
+  // is allocated) is grouped by key; inside a group the launches of both passes must agree.
+  test("launch keys: inputs under one key launch alike (pass 1 and pass 2), across kernels, dtypes, heads, dims, lengths, masks, bits", () => {
+    const z = (shape: number[], dtype: Dtype): MlxArray => mx.zeros(shape, dtype);
+    const seen = new Map<string, string>();
+    let launches = 0;
+    const check = (kernel: typeof affineDecodeKernel, key: string | null, inputs: MlxArray[], label: string): void => {
+      try {
+        expect(key, label).not.toBeNull();
+        const l1 = kernel.spec.launch(inputs);
+        using po = z(l1.output_shapes[0] as number[], "float32");
+        using pm = z(l1.output_shapes[1] as number[], "float32");
+        using pl = z(l1.output_shapes[2] as number[], "float32");
+        const l2 = decodeCombineKernel.spec.launch([po, pm, pl, inputs[0]!]);
+        const both = JSON.stringify([kernel.name, l1, l2]);
+        const k = `${kernel.name}|${key}`;
+        const before = seen.get(k);
+        if (before === undefined) seen.set(k, both);
+        else expect(both, `${label}: key ${key}`).toBe(before);
+        launches++;
+      } finally {
+        for (const a of inputs) a.dispose();
+      }
+    };
+    for (const dtype of ["bfloat16", "float16", "float32"] as const) {
+      for (const [b, hq, hkv] of [
+        [1, 8, 2],
+        [1, 16, 8],
+        [2, 4, 4],
+        [3, 8, 1],
+      ] as const) {
+        for (const d of [64, 256, 512]) {
+          for (const t of [1, 33, 1000, 1001, 5000, 40000, 131072, 131073]) {
+            for (const mask of ["none", "bool", "additive"] as const) {
+              const mk = (): MlxArray => (mask === "none" ? decodeMask(null, b, t)! : z([b, 1, 1, t], mask === "bool" ? "bool" : dtype));
+              const q = (): MlxArray => z([b, hq, 1, d], dtype);
+              const label = `${dtype} B${b} ${hq}/${hkv} D${d} T${t} ${mask}`;
+              const dense = [q(), z([b, hkv, t, d], dtype), z([b, hkv, t, d], dtype), mk()];
+              check(denseDecodeKernel, denseDecodeKey(dense), dense, `dense ${label}`);
+              for (const [bits, group] of [
+                [4, 32],
+                [4, 64],
+                [8, 64],
+                [2, 32],
+              ] as const) {
+                const plane = (): MlxArray[] => [z([b, hkv, t, (d * bits) / 32], "uint32"), z([b, hkv, t, d / group], dtype), z([b, hkv, t, d / group], dtype)];
+                const affine = [q(), ...plane(), ...plane(), mk()];
+                check(affineDecodeKernel, affineDecodeKey(affine), affine, `affine ${bits}/${group} ${label}`);
+              }
+              for (const [kBits, vBits] of [
+                [4, 3],
+                [4, 2],
+                [8, 4],
+                [2, 3],
+              ] as const) {
+                const turbo = [
+                  q(),
+                  z([b, hkv, t, (d * kBits) / 32], "uint32"),
+                  z([b, hkv, t, d / 32], dtype),
+                  z([b, hkv, t, d / 32], dtype),
+                  z([b, hkv, t, (d * vBits) / 8], "uint8"),
+                  z([b, hkv, t, 1], dtype),
+                  z([2 ** vBits], "float32"),
+                  mk(),
+                ];
+                check(turboDecodeKernel, turboDecodeKey(turbo), turbo, `turbo ${kBits},${vBits} ${label}`);
+              }
+            }
+          }
+        }
+      }
+    }
+    // Keys are shared (lengths within one split reuse a launch), yet not one per kernel.
+    expect(seen.size).toBeLessThan(launches);
+    expect(seen.size).toBeGreaterThan(100);
   });
 
   test("bad inputs are refused before any path runs", () => {

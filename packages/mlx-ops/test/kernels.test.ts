@@ -3,7 +3,7 @@
 import { describe, expect, test } from "vitest";
 import { type Dtype, evaluate, Stream } from "@mlx-bun/mlx-ffi";
 import { oracle } from "../../../tools/oracle/oracle.ts";
-import { astype } from "../src/elementwise.ts";
+import { astype, negative } from "../src/elementwise.ts";
 import * as kernels from "../src/kernels/index.ts";
 import { expectClose, expectExact, expectNoLeaks, randn } from "./seeded-inputs.ts";
 
@@ -99,6 +99,49 @@ describe("geglu kernel", () => {
       // CUDA: MLX refuses to make the kernel object.
       expect(() => geglu_kernel.run([g, u], { environment: { gpu_backend: "cuda", device: "gpu" } })).toThrow(/^kernel mlxb_geglu: .*No CUDA back-end/);
     });
+  });
+
+  test("runKeyed: validates and prepares a launch once per key, and runs the reference where no source runs", () => {
+    let launches = 0;
+    const k = custom_kernel({
+      name: "keyed",
+      input_names: ["a"],
+      output_names: ["o"],
+      metal: { source: "o[0] = a[0];" },
+      validate: ([a]) => (a!.dtype === "float32" ? null : `a must be float32, got ${a!.dtype}`),
+      reference: ([a]) => [negative(a!)],
+      launch: ([a]) => {
+        launches++;
+        return { output_shapes: [a!.shape], output_dtypes: [a!.dtype], grid: [a!.size, 1, 1], threadgroup: [1, 1, 1] };
+      },
+    });
+    using a = randn([4], 1);
+    using b = randn([2], 2);
+    using h = astype(a, "float16");
+    // Reference path (the CPU): the same result as run, validated at every call.
+    const [r] = k.runKeyed([a], "4");
+    using ref = negative(a);
+    expectExact(r!, ref, "runKeyed reference");
+    r!.dispose();
+    expect(() => k.runKeyed([h], "4")).toThrow(/^kernel keyed\(.*float16.*\): a must be float32, got float16$/);
+    expect(launches).toBe(0);
+    // A source path (MLX refuses the launch on a CPU-only build): the launch is computed once per key.
+    const metal = { environment: { gpu_backend: "metal", device: "gpu" } as const };
+    const refused = /^kernel keyed \(metal\)\(.*\): .*No Metal back-end/;
+    if (gpu_backend() === null) {
+      expectNoLeaks(() => {
+        expect(() => k.runKeyed([a], "4", metal)).toThrow(refused);
+        expect(() => k.runKeyed([a], "4", metal)).toThrow(refused);
+        expect(launches).toBe(1);
+        expect(() => k.runKeyed([b], "2", metal)).toThrow(refused);
+        expect(launches).toBe(2);
+        // A first call with a key validates: bad inputs never reach a launch or the cache.
+        expect(() => k.runKeyed([h], "4h", metal)).toThrow(/a must be float32, got float16/);
+        expect(() => k.runKeyed([a], "4h", metal)).toThrow(refused);
+        expect(launches).toBe(3);
+      });
+    }
+    k.dispose();
   });
 
   test("a kernel needs an output and identifier names", () => {

@@ -7,7 +7,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import type { QuantTriple } from "../quant-triple.ts";
 import type { Mask } from "../types.ts";
 import { decodeTwoPass } from "./decode-combine.ts";
-import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials, scaledQueries } from "./decode-plan.ts";
+import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, planKey, referencePartials, scaledQueries } from "./decode-plan.ts";
 import { affineDecoder, affineTokenRegs, type Backend, partialsSource } from "./decode-source.ts";
 
 /** Bit widths the kernel decodes (a code never straddles a uint32 word); others stay unfused. */
@@ -83,6 +83,12 @@ export const affineDecodeKernel = mx.kernels.custom_kernel({
   },
 });
 
+/** The launch class of pass-1 inputs (CustomKernel.runKeyed), or null where the kernel does not take them. */
+export function affineDecodeKey(inputs: readonly MlxArray[]): string | null {
+  const sh = shapesOf(inputs);
+  return typeof sh === "string" ? null : `${planKey(sh.plan, inputs[0]!, inputs[7]!)},${sh.bits},${sh.kGroup},${sh.vGroup}`;
+}
+
 /**
  * softmax(scale · q Kᵀ + mask) V for one query token per head through the fused kernels, or
  * null where they do not run (no live GPU backend, a query of several tokens, a bit width or
@@ -94,6 +100,6 @@ export function affineDecodeAttention(q: MlxArray, k: QuantTriple, v: QuantTripl
   if (!m) return null;
   using qs = scaledQueries(q, scale, s);
   const inputs = [qs, k.w, k.scales, k.biases, v.w, v.scales, v.biases, m];
-  if (typeof shapesOf(inputs) === "string") return null;
-  return decodeTwoPass(affineDecodeKernel, inputs, s);
+  const key = affineDecodeKey(inputs);
+  return key === null ? null : decodeTwoPass(affineDecodeKernel, inputs, key, s);
 }

@@ -54,17 +54,17 @@ export const decodeCombineKernel = mx.kernels.custom_kernel({
   },
 });
 
-/** Pass 1 (`kernel` over `inputs`, the scaled queries first) then pass 2: the attention output [B, Hq, 1, Dv]. */
-export function decodeTwoPass(kernel: ReturnType<typeof mx.kernels.custom_kernel>, inputs: MlxArray[], s?: Stream): MlxArray {
-  const parts = kernel.run(inputs, s ? { stream: s } : {});
+/**
+ * Pass 1 (`kernel` over `inputs`, the scaled queries first, already checked by the caller) then
+ * pass 2: the attention output [B, Hq, 1, Dv]. `key`: the inputs' launch class (planKey plus what
+ * the kernel's own template adds); pass 2's launch follows from pass 1's, so it shares the key.
+ */
+export function decodeTwoPass(kernel: ReturnType<typeof mx.kernels.custom_kernel>, inputs: MlxArray[], key: string, s?: Stream): MlxArray {
+  const opts = s ? { stream: s } : {};
+  const parts = kernel.runKeyed(inputs, key, opts);
   try {
-    return combinePartials(parts, inputs[0]!, s);
+    return decodeCombineKernel.runKeyed([parts[0]!, parts[1]!, parts[2]!, inputs[0]!], key, opts)[0]!;
   } finally {
     for (const p of parts) p.dispose();
   }
-}
-
-/** The attention output [B, Hq, 1, Dv] in q's dtype from the partials of pass 1. */
-export function combinePartials(partials: readonly MlxArray[], q: MlxArray, s?: Stream): MlxArray {
-  return decodeCombineKernel.run([partials[0]!, partials[1]!, partials[2]!, q], s ? { stream: s } : {})[0]!;
 }

@@ -136,10 +136,22 @@ export function partialsLaunch(p: DecodePlan, mask: MlxArray) {
       ["NREP", p.nRep],
       ["REPS", p.reps],
       ["NT", p.nt],
-      // 0: one boolean for every key (decodeMask's form of no mask), read once.
-      ["MASK_MODE", mask.dtype === "bool" ? (mask.size === 1 ? 0 : 1) : 2],
+      ["MASK_MODE", maskMode(mask)],
     ] as [string, number][],
   };
+}
+
+/** 0: one boolean for every key (decodeMask's form of no mask), read once; 1: booleans; 2: additive. */
+function maskMode(mask: MlxArray): number {
+  return mask.dtype === "bool" ? (mask.size === 1 ? 0 : 1) : 2;
+}
+
+/**
+ * The launch class of a pass-1 call (CustomKernel.runKeyed): everything partialsLaunch reads, and
+ * so pass 2's launch too. Not the token count: the kernels derive their run length from the grid.
+ */
+export function planKey(p: DecodePlan, q: MlxArray, mask: MlxArray): string {
+  return `${q.dtype},${p.batch},${p.qHeads},${p.kvHeads},${p.dk},${p.dv},${p.reps},${p.nt},${p.parts},${maskMode(mask)}`;
 }
 
 /**

@@ -7,7 +7,7 @@ import * as mx from "@mlx-bun/mlx-ops";
 import { processSetting } from "../setting.ts";
 import type { Mask } from "../types.ts";
 import { decodeTwoPass } from "./decode-combine.ts";
-import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials, scaledQueries } from "./decode-plan.ts";
+import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, planKey, referencePartials, scaledQueries } from "./decode-plan.ts";
 import { type Backend, type Decoder, partialsSource, UNROLL } from "./decode-source.ts";
 
 /** The lane's slice of row t of a plain [B, H, T, D] plane `a`, read through its strides, kept in T until used. */
@@ -65,6 +65,12 @@ export const denseDecodeKernel = mx.kernels.custom_kernel({
   },
 });
 
+/** The launch class of pass-1 inputs (CustomKernel.runKeyed), or null where the kernel does not take them. */
+export function denseDecodeKey(inputs: readonly MlxArray[]): string | null {
+  const plan = planOf(inputs);
+  return typeof plan === "string" ? null : planKey(plan, inputs[0]!, inputs[3]!);
+}
+
 /** How a plain cache attends one decode token: MLX's fast SDPA ("sdpa", the default) or the split-K kernel ("kernel"). */
 export type DenseDecodeSetting = "sdpa" | "kernel";
 
@@ -91,6 +97,6 @@ export function denseDecodeAttention(q: MlxArray, k: MlxArray, v: MlxArray, scal
   if (!m) return null;
   using qs = scaledQueries(q, scale, s);
   const inputs = [qs, k, v, m];
-  if (typeof planOf(inputs) === "string") return null;
-  return decodeTwoPass(denseDecodeKernel, inputs, s);
+  const key = denseDecodeKey(inputs);
+  return key === null ? null : decodeTwoPass(denseDecodeKernel, inputs, key, s);
 }

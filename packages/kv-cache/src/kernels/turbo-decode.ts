@@ -5,7 +5,7 @@ import { type MlxArray, type Stream } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import type { Mask } from "../types.ts";
 import { decodeTwoPass } from "./decode-combine.ts";
-import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, referencePartials, scaledQueries } from "./decode-plan.ts";
+import { checkMask, decodeMask, decodePlan, type DecodePlan, partialsLaunch, planKey, referencePartials, scaledQueries } from "./decode-plan.ts";
 import { affineDecoder, affineTokenRegs, type Backend, partialsSource, TURBO_VALUE_TOKEN_REGS, turboValueDecoder } from "./decode-source.ts";
 import { turboValuesKernel } from "./turbo-values.ts";
 
@@ -83,6 +83,12 @@ export const turboDecodeKernel = mx.kernels.custom_kernel({
   },
 });
 
+/** The launch class of pass-1 inputs (CustomKernel.runKeyed), or null where the kernel does not take them. */
+export function turboDecodeKey(inputs: readonly MlxArray[]): string | null {
+  const sh = shapesOf(inputs);
+  return typeof sh === "string" ? null : `${planKey(sh.plan, inputs[0]!, inputs[7]!)},${sh.kBits},${sh.vBits}`;
+}
+
 /**
  * Attention over rotated values for one query token per head through the fused kernels (the
  * caller un-rotates the output), or null where they do not run; the caller then takes the
@@ -104,6 +110,6 @@ export function turboDecodeAttention(
   if (!m) return null;
   using qs = scaledQueries(q, scale, s);
   const inputs = [qs, keys.w, keys.scales, keys.biases, codes, vscale, centroids, m];
-  if (typeof shapesOf(inputs) === "string") return null;
-  return decodeTwoPass(turboDecodeKernel, inputs, s);
+  const key = turboDecodeKey(inputs);
+  return key === null ? null : decodeTwoPass(turboDecodeKernel, inputs, key, s);
 }

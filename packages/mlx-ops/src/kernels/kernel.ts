@@ -160,10 +160,14 @@ function joinNames(op: string, names: readonly string[]): Buffer {
   return cstr(names.join("\n"));
 }
 
+/** Launch classes a kernel keeps prepared for `runKeyed` (cleared when full: keys come from shapes, few per process). */
+const MAX_KEYED_LAUNCHES = 256;
+
 /** A declared kernel: `run` picks the path; the native kernel objects are made on first use. */
 export class CustomKernel implements Disposable {
   readonly spec: KernelSpec;
   #native = new Map<GpuBackend, Pointer>();
+  #keyed = new Map<string, PreparedLaunch>();
 
   constructor(spec: KernelSpec) {
     if (!spec.output_names.length) throw new MlxError(`kernel ${spec.name}: needs at least one output`);
@@ -180,16 +184,43 @@ export class CustomKernel implements Disposable {
   }
 
   run(inputs: readonly MlxArray[], opts: KernelRunOptions = {}): MlxArray[] {
+    this.#check(inputs);
+    const env = opts.environment ?? kernel_environment(opts.stream);
+    const path = select_kernel_path(this.spec, env, opts.path);
+    if (path === "reference") return this.spec.reference(inputs, opts.stream);
+    return this.#launch(path, inputs, opts);
+  }
+
+  /**
+   * `run` on the path chosen for `stream`, for a caller that names the launch class of its
+   * inputs: the first call with `key` validates the inputs and prepares their launch, later calls
+   * with that key reuse it (decode kernels launched every layer and step skip `validate`, `launch`
+   * and the marshalling, ~10 µs of JavaScript a launch). The key must determine everything
+   * `validate` and `launch` read from the inputs (shapes, dtypes, the settings a plan follows):
+   * inputs of another class under the same key would launch with a wrong grid.
+   */
+  runKeyed(inputs: readonly MlxArray[], key: string, opts: Omit<KernelRunOptions, "verbose"> = {}): MlxArray[] {
+    const { stream } = opts;
+    const path = select_kernel_path(this.spec, opts.environment ?? kernel_environment(stream), opts.path);
+    if (path === "reference") return this.run(inputs, { stream, path });
+    let p = this.#keyed.get(key);
+    if (!p) {
+      this.#check(inputs);
+      p = this.prepare(this.spec.launch(inputs));
+      if (this.#keyed.size >= MAX_KEYED_LAUNCHES) this.#keyed.clear();
+      this.#keyed.set(key, p);
+    }
+    return this.runPrepared(path, inputs, p, stream);
+  }
+
+  /** Input count and the spec's own check; a bad call throws naming the kernel and its inputs. */
+  #check(inputs: readonly MlxArray[]): void {
     const { spec } = this;
     if (inputs.length !== spec.input_names.length) {
       throw new MlxError(`kernel ${spec.name}(${describeArgs(inputs)}): expected ${spec.input_names.length} inputs (${spec.input_names.join(", ")})`);
     }
     const problem = spec.validate?.(inputs);
     if (problem) throw new MlxError(`kernel ${spec.name}(${describeArgs(inputs)}): ${problem}`);
-    const env = opts.environment ?? kernel_environment(opts.stream);
-    const path = select_kernel_path(spec, env, opts.path);
-    if (path === "reference") return spec.reference(inputs, opts.stream);
-    return this.#launch(path, inputs, opts);
   }
 
   #kernel(backend: GpuBackend): Pointer {
@@ -295,6 +326,7 @@ export class CustomKernel implements Disposable {
   dispose(): void {
     for (const h of this.#native.values()) lib().mlxb_kernel_free(h);
     this.#native.clear();
+    this.#keyed.clear();
   }
 
   [Symbol.dispose](): void {

@@ -19,7 +19,7 @@
 //   is why the model keeps MLX's op unless MLX_BUN_FAST_QMV=1.
 import { isFloating, type MlxArray, MlxError, type Stream } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul, type QuantMode } from "../quantized.ts";
-import { custom_kernel, type GpuBackend, type KernelRunOptions, kernel_environment, type PreparedLaunch, select_kernel_path } from "./kernel.ts";
+import { custom_kernel, type KernelRunOptions, kernel_environment, select_kernel_path } from "./kernel.ts";
 
 /** Bit widths and group sizes the kernel reads. */
 export const QMV_BITS: readonly number[] = [4, 8];
@@ -419,9 +419,7 @@ export type FastQmvSetting = "auto" | "on" | "off";
 export const QMV_MAX_ROWS = 4;
 
 let setting: FastQmvSetting | undefined;
-let resolved: { on: boolean; path: GpuBackend } | undefined;
-/** Launches marshalled per (M, K, N, dtype, bits, group size). */
-const prepared = new Map<string, PreparedLaunch>();
+let resolved: { on: boolean } | undefined;
 
 function envSetting(): FastQmvSetting {
   const v = process.env.MLX_BUN_FAST_QMV;
@@ -442,13 +440,13 @@ export function set_fast_qmv(s: FastQmvSetting | undefined): void {
   resolved = undefined;
 }
 
-function resolve(): { on: boolean; path: GpuBackend } {
+function resolve(): { on: boolean } {
   if (resolved === undefined) {
     const s = setting ?? envSetting();
     const path = select_kernel_path(qmv_kernel.spec, kernel_environment());
     // "auto" is off: see FastQmvSetting for the measurements that keep it so.
     const on = path !== "reference" && s === "on";
-    resolved = { on, path: path === "reference" ? "cuda" : path };
+    resolved = { on };
   }
   return resolved;
 }
@@ -480,16 +478,8 @@ export function quantized_linear(
       const M = x.size / K;
       // The kernel reads bits and group size off the shapes: take it only where they agree.
       if (M >= 1 && M <= QMV_MAX_ROWS && w.ndim === 2 && w.shape[1]! * 32 === K * q.bits && scales.shape[1]! * q.group_size === K) {
-        const key = `${M},${K},${scales.shape[0]},${x.dtype},${q.bits},${q.group_size}`;
-        let p = prepared.get(key);
-        if (!p) {
-          // First call of this shape: validated and marshalled once, then reused every step.
-          const problem = qmv_kernel.spec.validate!([x, w, scales, biases]);
-          if (problem) throw new MlxError(`kernel mlxb_qmv: ${problem}`);
-          p = qmv_kernel.prepare(qmv_kernel.spec.launch([x, w, scales, biases]));
-          prepared.set(key, p);
-        }
-        return qmv_kernel.runPrepared(r.path, [x, w, scales, biases], p)[0]!;
+        // First call of a shape: validated and marshalled once, then reused every step.
+        return qmv_kernel.runKeyed([x, w, scales, biases], `${M},${K},${scales.shape[0]},${x.dtype},${q.bits},${q.group_size}`)[0]!;
       }
     }
   }
