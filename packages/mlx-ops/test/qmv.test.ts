@@ -7,6 +7,7 @@ import { type Dtype, MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { oracle } from "../../../tools/oracle/oracle.ts";
 import { abs, astype } from "../src/elementwise.ts";
 import { max } from "../src/reduce.ts";
+import { reshape } from "../src/shape.ts";
 import * as kernels from "../src/kernels/index.ts";
 import { quantize, quantized_matmul } from "../src/quantized.ts";
 import { expectClose, expectExact, expectNoLeaks, randn } from "./seeded-inputs.ts";
@@ -179,6 +180,30 @@ describe("qmv kernel", () => {
           dispose(xs);
         }
       }
+    }
+  });
+
+  test.skipIf(gpu_backend() === null)("on the GPU: quantized_linear's keyed launches keep each call's shape (one row as [1, K] and [1, 1, K])", () => {
+    set_fast_qmv("on");
+    const xs = inputs([1, 1], 129, 512, 4, 64, "bfloat16", 7);
+    try {
+      const [x3, w, s, b] = xs;
+      const q = { group_size: 64, bits: 4 };
+      using ref = quantized_linear(x3!, w!, s!, b!, q);
+      for (const shape of [
+        [1, 512],
+        [1, 1, 512],
+        [1, 512],
+      ]) {
+        using x = reshape(x3!, shape);
+        using y = quantized_linear(x, w!, s!, b!, q);
+        expect(y.shape).toEqual([...shape.slice(0, -1), 129]);
+        using flat = reshape(y, [129]);
+        using want = reshape(ref, [129]);
+        expectExact(flat, want, `quantized_linear x[${shape}]`);
+      }
+    } finally {
+      dispose(xs);
     }
   });
 });

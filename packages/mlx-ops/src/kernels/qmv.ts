@@ -478,8 +478,10 @@ export function quantized_linear(
       const M = x.size / K;
       // The kernel reads bits and group size off the shapes: take it only where they agree.
       if (M >= 1 && M <= QMV_MAX_ROWS && w.ndim === 2 && w.shape[1]! * 32 === K * q.bits && scales.shape[1]! * q.group_size === K) {
-        // First call of a shape: validated and marshalled once, then reused every step.
-        return qmv_kernel.runKeyed([x, w, scales, biases], `${M},${K},${scales.shape[0]},${x.dtype},${q.bits},${q.group_size}`)[0]!;
+        // First call of a shape: validated and marshalled once, then reused every step. The
+        // launch reads nothing but the inputs' shapes and dtypes (bits and groups included).
+        const inputs = [x, w, scales, biases];
+        return qmv_kernel.runKeyed(inputs, inputs.map((a) => `${a.shape.join(",")}:${a.dtype}`).join("|"))[0]!;
       }
     }
   }
