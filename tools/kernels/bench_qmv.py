@@ -9,6 +9,8 @@ ours (the TypeScript launch heuristic, mirrored in check_cuda_kernels.py) and ML
 reads one of C copies of the weights (C × bytes ≥ 256 MB, so the 50 MB L2 never holds them) and
 R calls run in one evaluation (what a decode step's graph does). Each output is also compared
 with MLX's (max |diff| relative to max |ref|).
+"exact" rows: mlxb_qmv_exact (packages/mlx-ops/src/kernels/qmv-exact.ts), MLX's own arithmetic
+with wider loads, where MLX's qmv runs (M = 1, 4-bit, N and K ≤ 16384); its rel err must be 0.
 --sweep: M = 1 over every (RPW, SPLIT) for the 12B shapes, to check the heuristic.
 --ncu: the same calls once each, for `ncu --kernel-name regex:qmv` (kernel time and DRAM bytes
 per launch, L2 flushed before each); prints the launch order as `NCU-ORDER i label`.
@@ -56,10 +58,14 @@ def main():
 
         def kern(inputs, output_shapes, output_dtypes, template, **_):
             t = dict(template)
-            return [mx.quantized_matmul(inputs[0], *inputs[1:], transpose=True, group_size=t["GS"], bits=t["BITS"])]
+            return [mx.quantized_matmul(inputs[0], *inputs[1:], transpose=True, group_size=t["GS"], bits=t.get("BITS", 4))]
+        kern_exact = kern
     else:
         kern = mx.fast.cuda_kernel(name="mlxb_qmv", input_names=spec["input_names"], output_names=spec["output_names"],
                                    source=spec["cuda"]["source"], header=spec["cuda"].get("header", ""))
+        xs = specs["mlxb_qmv_exact"]
+        kern_exact = mx.fast.cuda_kernel(name="mlxb_qmv_exact", input_names=xs["input_names"], output_names=xs["output_names"],
+                                         source=xs["cuda"]["source"], header=xs["cuda"].get("header", ""))
         mx.set_default_device(mx.gpu)
 
     def ours(x, q, bits, gs, cfg):
@@ -67,6 +73,11 @@ def main():
         m = x.size // k
         return kern(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype],
                     **qmv_launch(m, n, k, bits, gs, x.dtype, *cfg))[0]
+
+    def exact(x, q, bits, gs, cfg=None):
+        n, k = q[0].shape[0], x.shape[-1]
+        return kern_exact(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype], grid=(-(-n // 8) * 256, 1, 1),
+                          threadgroup=(256, 1, 1), template=[("K", k), ("GS", gs)])[0]
 
     def theirs(x, q, bits, gs, cfg=None):
         return mx.quantized_matmul(x, *q, transpose=True, group_size=gs, bits=bits)
@@ -99,8 +110,10 @@ def main():
         mx.eval(x)
         cfg0 = qmv_config(m, n, k, bits)
         impls = [("mlx", theirs, None), ("ours", ours, cfg0)] + [(f"ours {c}", ours, c) for c in (cfgs or []) if c != cfg0]
+        if m == 1 and bits == 4 and n <= 16384 and k <= 16384:
+            impls.append(("exact", exact, None))
         if cfgs:
-            impls = impls[1:]  # the sweep: ours only (mlx is in the plain row)
+            impls = [i for i in impls[1:] if i[0] != "exact"]  # the sweep: ours only (mlx is in the plain row)
         ref = theirs(x, qs[0], bits, gs)
         mx.eval(ref)
         scale = max(1e-6, mx.max(mx.abs(ref.astype(mx.float32))).item())

@@ -445,6 +445,94 @@ def qmv_cases():
                    [ref], [(atol, TOL[dt][1])])
 
 
+# ----------------------------------------------------------------------------- qmv_exact
+# packages/mlx-ops/src/kernels/qmv-exact.ts: MLX's CUDA qmv arithmetic (docs/custom-kernels.md,
+# "MLX's CUDA matvec, as compiled"). On a GPU the reference is MLX's own op, at zero tolerance; in
+# the emulator, a model of that arithmetic written from the SASS (below), at zero tolerance, and
+# the float32 product within a loose bound (bf16 accumulators drift by a few ulps of the output).
+
+
+def bf16_rne(hi, lo=None):
+    """Round hi + lo (float64 arrays, lo the TwoSum error of hi) to bfloat16 once, to nearest even."""
+    lo = np.zeros_like(hi) if lo is None else lo
+    neg = np.signbit(hi)
+    a, e = np.abs(hi), np.where(neg, -lo, lo)
+    _, ex = np.frexp(a)
+    ulp = np.ldexp(1.0, np.maximum(ex - 8, -133))
+    units = a / ulp
+    fl = np.floor(units)
+    frac = units - fl
+    up = (frac > 0.5) | ((frac == 0.5) & ((e > 0) | ((e == 0) & (np.fmod(fl, 2) == 1))))
+    return np.where(neg, -1.0, 1.0) * (fl + up) * ulp
+
+
+def fma_bf16(a, b, c):
+    """bf16(a·b + c) with one rounding (HFMA2.BF16): a·b is exact in float64 for bf16 inputs."""
+    p = a * b
+    s = p + c
+    bb = s - p
+    return bf16_rne(s, (p - (s - bb)) + (c - bb))
+
+
+def mlx_cuda_qmv_model(x, wq, scales, biases, gs):
+    k = x.shape[-1]
+    xs = np.array(x.astype(mx.float32), dtype=np.float64).reshape(-1, k)
+    words = np.array(wq, dtype=np.uint64)
+    n = words.shape[0]
+    q = ((words[:, np.arange(k) // 8] >> (4 * (np.arange(k) % 8)).astype(np.uint64)) & 15).astype(np.float64)
+    sc = np.repeat(np.array(scales.astype(mx.float32), dtype=np.float64), gs, axis=1)
+    bi = np.repeat(np.array(biases.astype(mx.float32), dtype=np.float64), gs, axis=1)
+    w = fma_bf16(q, sc, bi)
+    lanes, elems = np.arange(32)[:, None], np.arange(16)[None, :]
+    outs = []
+    for row in xs:
+        acc = np.zeros((n, 32, 16))
+        chunks = [r * 512 + lanes * 16 + elems for r in range(k // 512)]
+        if k % 512:
+            chunks.append((k // 512) * 512 + lanes * 16 + elems)
+        for idx in chunks:
+            live = (idx < k)[None]
+            j = np.minimum(idx, k - 1)
+            acc = np.where(live, fma_bf16(row[j][None], w[:, j], acc), acc)
+        lane = np.zeros((n, 32), dtype=np.float32)
+        for i in range(16):
+            lane = lane + acc[:, :, i].astype(np.float32)
+        for off in (16, 8, 4, 2, 1):
+            lane = lane + lane[:, np.arange(32) ^ off]
+        outs.append(lane[:, 0])
+    out = np.stack(outs).reshape(*x.shape[:-1], n).astype(np.float32)
+    return mx.array(out).astype(mx.bfloat16)  # float32 → bf16: MLX rounds to nearest even
+
+
+# (x leading shape, N, K, group): one and several chunks of 512, residues of 128-384, ragged N.
+QMV_EXACT_SHAPES = [((1,), 100, 512, 64), ((1, 1), 37, 1024, 32), ((1,), 19, 3840, 128), ((2,), 24, 640, 64),
+                    ((1,), 41, 2304, 32), ((1,), 16, 4096, 64), ((1,), 9, 256, 128)]
+
+
+def qmv_exact_cases():
+    for i, (lead, n, k, gs) in enumerate(QMV_EXACT_SHAPES):
+        x, wq, scales, biases = qmv_inputs(lead, n, k, 4, gs, mx.bfloat16, 100 + i)
+        launch = dict(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[mx.bfloat16],
+                      grid=(-(-n // 8) * 256, math.prod(lead), 1), threadgroup=(256, 1, 1), template=[("K", k), ("GS", gs)])
+        yield f"x{lead} N{n} K{k} g{gs}", launch, (x, wq, scales, biases, gs)
+
+
+def check_qmv_exact(k, emulate):
+    ok = True
+    for label, launch, (x, wq, scales, biases, gs) in qmv_exact_cases():
+        out = k(**launch)[0]
+        if emulate:
+            ok = compare(f"mlxb_qmv_exact {label} (MLX CUDA model)", out, mlx_cuda_qmv_model(x, wq, scales, biases, gs), 0, 0) and ok
+            f = mx.float32
+            truth = mx.quantized_matmul(x.astype(f), wq, scales.astype(f), biases.astype(f), transpose=True, group_size=gs, bits=4)
+            atol = 0.05 * mx.max(mx.abs(truth)).item()
+            ok = compare(f"mlxb_qmv_exact {label} (float32 product, loose)", out, truth, atol, 0) and ok
+        else:
+            ref = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=gs, bits=4)
+            ok = compare(f"mlxb_qmv_exact {label} (MLX's op, bit for bit)", out, ref, 0, 0) and ok
+    return ok
+
+
 CASES = {"mlxb_geglu": geglu_cases, "mlxb_turbo_values": turbo_values_cases, "mlxb_qmv": qmv_cases}
 DECODE = {"mlxb_affine_decode_partials": affine_cases, "mlxb_turbo_decode_partials": turbo_cases, "mlxb_dense_decode_partials": dense_cases}
 
@@ -639,6 +727,8 @@ def main() -> None:
                 ok = compare(f"{name} {label}" + (f" out{i}" if len(refs) > 1 else ""), o, r, atol, rtol) and ok
     if "mlxb_turbo_encode_values" in specs and (not only or "mlxb_turbo_encode_values" in only):
         ok = check_turbo_encode(compiled(specs["mlxb_turbo_encode_values"], emulate), specs["mlxb_turbo_encode_values"], emulate, quick) and ok
+    if "mlxb_qmv_exact" in specs and (not only or "mlxb_qmv_exact" in only):
+        ok = check_qmv_exact(compiled(specs["mlxb_qmv_exact"], emulate), emulate) and ok
     if "mlxb_turbo_unrotate" in specs and (not only or "mlxb_turbo_unrotate" in only):
         ok = check_turbo_unrotate(compiled(specs["mlxb_turbo_unrotate"], emulate), emulate, quick) and ok
     combine = compiled(specs["mlxb_decode_combine"], emulate) if "mlxb_decode_combine" in specs else None

@@ -61,6 +61,63 @@ struct __nv_bfloat16 {
   }
 };
 
+// bf16 pairs and the fused bf16 arithmetic mlxb_qmv_exact uses (HFMA2.BF16 and HADD2.BF16: one
+// rounding to nearest even of the exact result, modelled here from a double and its TwoSum error).
+namespace emu {
+inline uint16_t bf16_round_exact(double hi, double lo) {
+  if (std::isnan(hi)) return 0x7fc0;
+  if (std::isinf(hi)) return hi > 0 ? 0x7f80 : 0xff80;
+  const bool neg = hi < 0 || (hi == 0 && std::signbit(hi));
+  double a = std::fabs(hi), e = neg ? -lo : lo;
+  if (a == 0) return neg ? 0x8000 : 0;
+  int ex;
+  std::frexp(a, &ex);                        // a = m · 2^ex, m in [0.5, 1)
+  const int q = std::max(ex - 8, -133);      // bf16: 8 significant bits, subnormals down to 2^-133
+  const double ulp = std::ldexp(1.0, q);
+  const double units = a / ulp;              // exact (a power-of-two scale)
+  double fl = std::floor(units);
+  const double frac = units - fl;
+  if (frac > 0.5 || (frac == 0.5 && (e > 0 || (e == 0 && std::fmod(fl, 2.0) == 1.0)))) fl += 1;
+  const float r = (float)(fl * ulp);         // representable in bf16 (or overflows to inf)
+  uint32_t u;
+  std::memcpy(&u, &r, 4);
+  if ((u & 0x7fffffffu) > 0x7f7f0000u) u = 0x7f800000u;  // past the largest bf16: infinity
+  return (uint16_t)((u >> 16) | (neg ? 0x8000u : 0u));
+}
+/** The exact a·b + c as a double and the error of that double (TwoSum; a·b is exact for bf16). */
+inline uint16_t bf16_fma(float a, float b, float c) {
+  const double p = (double)a * (double)b, s = p + (double)c, bb = s - p;
+  const double err = (p - (s - bb)) + ((double)c - bb);
+  return bf16_round_exact(s, err);
+}
+}  // namespace emu
+
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
+struct __nv_bfloat162 {
+  __nv_bfloat16 x, y;  // x: the low half
+};
+inline __nv_bfloat16 emu_bf16_bits(uint16_t b) {
+  __nv_bfloat16 r;
+  r.bits = b;
+  return r;
+}
+inline __nv_bfloat162 __halves2bfloat162(__nv_bfloat16 a, __nv_bfloat16 b) { return {a, b}; }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__nv_bfloat16(a), __nv_bfloat16(b)}; }
+inline float __low2float(__nv_bfloat162 v) { return (float)v.x; }
+inline float __high2float(__nv_bfloat162 v) { return (float)v.y; }
+inline __nv_bfloat162 __hfma2(__nv_bfloat162 a, __nv_bfloat162 b, __nv_bfloat162 c) {
+  return {emu_bf16_bits(emu::bf16_fma(a.x, b.x, c.x)), emu_bf16_bits(emu::bf16_fma(a.y, b.y, c.y))};
+}
+inline __nv_bfloat162 __hmul2(__nv_bfloat162 a, __nv_bfloat162 b) {
+  return {emu_bf16_bits(emu::bf16_fma(a.x, b.x, 0.0f)), emu_bf16_bits(emu::bf16_fma(a.y, b.y, 0.0f))};
+}
+inline __nv_bfloat162 __hadd2(__nv_bfloat162 a, __nv_bfloat162 b) {
+  return {emu_bf16_bits(emu::bf16_fma(a.x, 1.0f, b.x)), emu_bf16_bits(emu::bf16_fma(a.y, 1.0f, b.y))};
+}
+inline __nv_bfloat162 __hsub2(__nv_bfloat162 a, __nv_bfloat162 b) {
+  return {emu_bf16_bits(emu::bf16_fma(a.x, 1.0f, -(float)b.x)), emu_bf16_bits(emu::bf16_fma(a.y, 1.0f, -(float)b.y))};
+}
+
 struct __half {
   _Float16 v;
   __half() = default;

@@ -3,6 +3,7 @@
 //   bun tools/kernels/export-sources.ts out.json && python tools/kernels/check_cuda_kernels.py out.json
 import { geglu_kernel } from "../../packages/mlx-ops/src/kernels/geglu.ts";
 import { qmv_kernel } from "../../packages/mlx-ops/src/kernels/qmv.ts";
+import { qmv_exact_kernel } from "../../packages/mlx-ops/src/kernels/qmv-exact.ts";
 import { LLOYD_MAX_GAUSSIAN } from "../../packages/mlx-ops/src/turboquant.ts";
 import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-decode.ts";
 import { decodeCombineKernel } from "../../packages/kv-cache/src/kernels/decode-combine.ts";
@@ -16,6 +17,7 @@ const out = process.argv[2] ?? "kernel-sources.json";
 const kernels = [
   geglu_kernel,
   qmv_kernel,
+  qmv_exact_kernel,
   turboValuesKernel,
   turboEncodeKernel,
   turboUnrotateKernel,

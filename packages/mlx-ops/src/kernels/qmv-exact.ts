@@ -1,0 +1,155 @@
+// MLX's own CUDA matrix-vector product for one row of x, arithmetic for arithmetic, with wider and
+// deeper loads: 4-bit affine weights, bfloat16 activations, groups of 32/64/128. MLX 0.32.4's
+// `qmv_kernel` (read from its sm_90a SASS; docs/custom-kernels.md, "MLX's CUDA matvec, as
+// compiled") gives each lane 16 elements of every 512-wide chunk of K, rounds each weight to bf16
+// by one fused q·s + b, keeps 16 bf16 accumulators updated by a fused x·w + acc, sums them in
+// float32 in order, reduces the warp by a butterfly and rounds once. This kernel keeps that map and
+// every rounding, so its outputs are meant to be MLX's bits; what changes is the memory side:
+// 8-byte weight and 16-byte activation loads (MLX: 4-byte words), and CHUNKS chunks' loads issued
+// before any is used (MLX: one chunk at a time, K a runtime loop bound), K being a template.
+// Bit equality with mx.quantized_matmul is the kernel's test on a GPU (tools/kernels/
+// check_cuda_kernels.py); MLX takes this product only for one row of x with N, K ≤ 16384 on sm90,
+// and nothing routes calls here until that test has passed on the device.
+import type { MlxArray } from "@mlx-bun/mlx-ffi";
+import { quantized_matmul } from "../quantized.ts";
+import { custom_kernel } from "./kernel.ts";
+
+/** Group sizes MLX's qmv instantiates. */
+export const QMV_EXACT_GROUP_SIZES: readonly number[] = [32, 64, 128];
+/** Output rows per block (one warp each), as MLX's `rows_per_block`. */
+const ROWS = 8;
+/** Chunks (512 values of K each) whose loads a lane issues before using the first. */
+const CHUNKS = 4;
+
+const HEADER_CUDA = `
+// One chunk of a lane: 16 weights of one group, 16 activations, MLX's two fused roundings each.
+__device__ __forceinline__ void mlxb_qmvx_chunk(uint2 wq, uint4 xa, uint4 xb, __nv_bfloat16 s, __nv_bfloat16 b, __nv_bfloat162* acc) {
+  const __nv_bfloat162 s2 = __halves2bfloat162(s, s);
+  const __nv_bfloat162 b2 = __halves2bfloat162(b, b);
+  const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.0f, 128.0f);
+  const uint32_t xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    // Elements 2j (low nibble) and 2j + 1 (high nibble) of byte j; 0x4300 | q is the bf16 128 + q.
+    const uint32_t byte = ((j < 4 ? wq.x : wq.y) >> (8 * (j & 3))) & 0xffu;
+    const uint32_t qq = 0x43004300u | (byte & 0xfu) | ((byte >> 4) << 16);
+    const __nv_bfloat162 q2 = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&qq), k128);
+    const __nv_bfloat162 w2 = __hfma2(q2, s2, b2);
+    acc[j] = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&xs[j]), w2, acc[j]);
+  }
+}
+`;
+
+const CUDA = `
+  const int lane = (int)(threadIdx.x & 31u);
+  const int row = (int)blockIdx.x * ${ROWS} + (int)(threadIdx.x >> 5);
+  const int n = w_shape[0];
+  if (row >= n) return;
+  const __nv_bfloat16* xr = x + (size_t)blockIdx.y * K;
+  const uint8_t* wr = reinterpret_cast<const uint8_t*>(w) + (size_t)row * (K / 2);
+  const __nv_bfloat16* sr = scales + (size_t)row * (K / GS);
+  const __nv_bfloat16* br = biases + (size_t)row * (K / GS);
+  __nv_bfloat162 acc[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = __floats2bfloat162_rn(0.0f, 0.0f);
+  constexpr int NC = K / 512;
+#pragma unroll
+  for (int r0 = 0; r0 < NC; r0 += ${CHUNKS}) {
+    uint2 wq[${CHUNKS}];
+    uint4 xa[${CHUNKS}], xb[${CHUNKS}];
+    __nv_bfloat16 s[${CHUNKS}], b[${CHUNKS}];
+#pragma unroll
+    for (int u = 0; u < ${CHUNKS}; ++u) {
+      if (r0 + u < NC) {
+        const int idx = (r0 + u) * 512 + lane * 16;
+        wq[u] = *reinterpret_cast<const uint2*>(wr + idx / 2);
+        xa[u] = *reinterpret_cast<const uint4*>(xr + idx);
+        xb[u] = *reinterpret_cast<const uint4*>(xr + idx + 8);
+        s[u] = sr[idx / GS];
+        b[u] = br[idx / GS];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < ${CHUNKS}; ++u) {
+      if (r0 + u < NC) mlxb_qmvx_chunk(wq[u], xa[u], xb[u], s[u], b[u], acc);
+    }
+  }
+  // MLX's residue: the lanes whose 16 values start below K take one more chunk.
+  if constexpr (K % 512 != 0) {
+    const int idx = NC * 512 + lane * 16;
+    if (idx < K) {
+      mlxb_qmvx_chunk(*reinterpret_cast<const uint2*>(wr + idx / 2), *reinterpret_cast<const uint4*>(xr + idx),
+                      *reinterpret_cast<const uint4*>(xr + idx + 8), sr[idx / GS], br[idx / GS], acc);
+    }
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    sum += __low2float(acc[j]);
+    sum += __high2float(acc[j]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) out[(size_t)blockIdx.y * n + row] = __float2bfloat16_rn(sum);
+`;
+
+interface Shape {
+  M: number;
+  N: number;
+  K: number;
+  group_size: number;
+}
+
+function shapeOf([x, w, scales, biases]: readonly MlxArray[]): Shape | string {
+  if (x!.dtype !== "bfloat16") return `x must be bfloat16, got ${x!.dtype}`;
+  if (x!.ndim < 1) return "x needs a last axis";
+  if (w!.dtype !== "uint32" || w!.ndim !== 2) return `w must be 2-D uint32 (4-bit packed), got ${w!.describe()}`;
+  const K = x!.shape.at(-1)!;
+  const [N, words] = w!.shape as [number, number];
+  if (words * 8 !== K) return `w ${w!.describe()} does not hold ${K} 4-bit values a row`;
+  if (K % 16 !== 0 || K < 16) return `K = ${K} must be a positive multiple of 16`;
+  for (const a of [scales!, biases!]) {
+    if (a.dtype !== "bfloat16" || a.ndim !== 2 || a.shape[0] !== N) return `scales and biases must be [${N}, groups] bfloat16, got ${a.describe()}`;
+  }
+  if (biases!.shape[1] !== scales!.shape[1]) return "scales and biases disagree in groups";
+  const group_size = K / scales!.shape[1]!;
+  if (!QMV_EXACT_GROUP_SIZES.includes(group_size)) return `group size ${group_size} not one of ${QMV_EXACT_GROUP_SIZES.join(", ")}`;
+  const M = x!.size / K;
+  if (M < 1) return "x has no rows";
+  return { M, N, K, group_size };
+}
+
+export const qmv_exact_kernel = custom_kernel({
+  name: "mlxb_qmv_exact",
+  input_names: ["x", "w", "scales", "biases"],
+  output_names: ["out"],
+  // No Metal source: MLX's Metal qmv rounds elsewhere (float accumulation per simdgroup).
+  cuda: { source: CUDA, header: HEADER_CUDA },
+  validate: (inputs) => {
+    const s = shapeOf(inputs);
+    return typeof s === "string" ? s : null;
+  },
+  reference: ([x, w, scales, biases], stream) => {
+    const { group_size } = shapeOf([x!, w!, scales!, biases!]) as Shape;
+    return [quantized_matmul(x!, w!, scales!, biases!, { group_size, bits: 4, transpose: true, stream })];
+  },
+  launch: (inputs) => {
+    const x = inputs[0]!;
+    const { M, N, K, group_size } = shapeOf(inputs) as Shape;
+    return {
+      output_shapes: [[...x.shape.slice(0, -1), N]],
+      output_dtypes: ["bfloat16"],
+      grid: [Math.ceil(N / ROWS) * ROWS * 32, M, 1],
+      threadgroup: [ROWS * 32, 1, 1],
+      template: [
+        ["K", K],
+        ["GS", group_size],
+      ],
+    };
+  },
+});
+
+/** x @ dequantize(w)ᵀ through the kernel on the GPU (its reference, MLX's op, elsewhere). */
+export function qmv_exact(x: MlxArray, w: MlxArray, scales: MlxArray, biases: MlxArray): MlxArray {
+  return qmv_exact_kernel.run([x, w, scales, biases])[0]!;
+}
