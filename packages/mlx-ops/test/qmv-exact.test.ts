@@ -7,21 +7,17 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, describe, expect, test } from "vitest";
-import { type Dtype, type MlxArray, Stream } from "@mlx-bun/mlx-ffi";
+import { type MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { oraclePython } from "../../../tools/oracle/oracle.ts";
 import { astype } from "../src/elementwise.ts";
 import { gpu_backend } from "../src/kernels/kernel.ts";
 import { qmv_exact, qmv_exact_kernel } from "../src/kernels/qmv-exact.ts";
-import { quantize, quantized_matmul } from "../src/quantized.ts";
-import { expectExact, randn } from "./seeded-inputs.ts";
+import { quantized_matmul } from "../src/quantized.ts";
+import { expectExact, quantizedInputs, randn } from "./seeded-inputs.ts";
 
 const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
 
-function inputs(lead: number[], n: number, k: number, gs: number, seed: number, dtype: Dtype = "bfloat16"): MlxArray[] {
-  const x = randn([...lead, k], seed, dtype);
-  using w = randn([n, k], seed + 1, dtype, 1 / Math.sqrt(k));
-  return [x, ...(quantize(w, { group_size: gs, bits: 4 }) as MlxArray[])];
-}
+const inputs = (lead: number[], n: number, k: number, gs: number, seed: number): MlxArray[] => quantizedInputs(lead, n, k, 4, gs, "bfloat16", seed);
 const dispose = (xs: MlxArray[]) => xs.forEach((a) => a.dispose());
 
 describe("mlxb_qmv_exact", () => {

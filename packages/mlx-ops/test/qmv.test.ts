@@ -10,16 +10,11 @@ import { max } from "../src/reduce.ts";
 import { reshape } from "../src/shape.ts";
 import * as kernels from "../src/kernels/index.ts";
 import { quantize, quantized_matmul } from "../src/quantized.ts";
-import { expectClose, expectExact, expectNoLeaks, randn } from "./seeded-inputs.ts";
+import { expectClose, expectExact, expectNoLeaks, quantizedInputs, randn } from "./seeded-inputs.ts";
 
 const { gpu_backend, qmv, qmv_kernel, qmv_config, qmv_launch_of, qmv_shape, quantized_linear, set_fast_qmv, fast_qmv_enabled } = kernels;
 
-/** x [lead…, K] and a quantized [N, K] weight (mx.quantize of normal(0, 1/K) in `dtype`). */
-function inputs(lead: number[], n: number, k: number, bits: number, gs: number, dtype: Dtype, seed: number): MlxArray[] {
-  const x = randn([...lead, k], seed, dtype);
-  using w = randn([n, k], seed + 1, dtype, 1 / Math.sqrt(k));
-  return [x, ...(quantize(w, { group_size: gs, bits }) as MlxArray[])];
-}
+const inputs = quantizedInputs;
 const dispose = (xs: MlxArray[]) => xs.forEach((a) => a.dispose());
 
 describe("qmv kernel", () => {

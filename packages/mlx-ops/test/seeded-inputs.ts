@@ -4,6 +4,7 @@
 import { type Dtype, MlxArray, memory } from "@mlx-bun/mlx-ffi";
 import { expect } from "vitest";
 import { closeDiff, exactDiff } from "../../../tools/oracle/compare.ts";
+import { quantize } from "../src/quantized.ts";
 
 /** mulberry32: a small seeded PRNG, uniform in [0, 1). */
 export function rng(seed: number): () => number {
@@ -36,6 +37,13 @@ export function randn(shape: readonly number[], seed: number, dtype: Dtype = "fl
 }
 
 /** Integers uniform in [0, hi). */
+/** [x [lead…, K], w, scales, biases]: x and a weight drawn from normal(0, 1/K) in `dtype`, the weight quantized (affine). */
+export function quantizedInputs(lead: readonly number[], n: number, k: number, bits: number, gs: number, dtype: Dtype, seed: number): MlxArray[] {
+  const x = randn([...lead, k], seed, dtype);
+  using w = randn([n, k], seed + 1, dtype, 1 / Math.sqrt(k));
+  return [x, ...(quantize(w, { group_size: gs, bits }) as MlxArray[])];
+}
+
 export function randint(shape: readonly number[], hi: number, seed: number, dtype: Dtype = "int32"): MlxArray {
   const u = rng(seed);
   const n = shape.reduce((a, b) => a * b, 1);
