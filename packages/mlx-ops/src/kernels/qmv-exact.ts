@@ -116,6 +116,8 @@ function shapeOf([x, w, scales, biases]: readonly MlxArray[]): Shape | string {
   if (!QMV_EXACT_GROUP_SIZES.includes(group_size)) return `group size ${group_size} not one of ${QMV_EXACT_GROUP_SIZES.join(", ")}`;
   const M = x!.size / K;
   if (M < 1) return "x has no rows";
+  // One row of x per grid row (CUDA's grid y is at most 65,535); decode calls have one.
+  if (M > 65535) return `x has ${M} rows, more than 65535`;
   return { M, N, K, group_size };
 }
 
