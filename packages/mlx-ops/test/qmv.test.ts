@@ -102,7 +102,7 @@ describe("qmv kernel", () => {
     const [x, w, s, b] = xs as [MlxArray, MlxArray, MlxArray, MlxArray];
     try {
       using ref = quantized_matmul(x, w, s, b, { group_size: 64, bits: 4, transpose: true });
-      for (const setting of ["auto", "on", "off", undefined] as const) {
+      for (const setting of ["auto", "on", "off", "exact", undefined] as const) {
         set_fast_qmv(setting);
         if (gpu_backend() === null) expect(fast_qmv_enabled()).toBe(false);
         if (setting === "off") expect(fast_qmv_enabled()).toBe(false);
@@ -174,6 +174,29 @@ describe("qmv kernel", () => {
         } finally {
           dispose(xs);
         }
+      }
+    }
+  });
+
+  test.skipIf(gpu_backend() !== "cuda")("on CUDA, setting exact: quantized_linear equals MLX's op bit for bit where it takes the kernel, and elsewhere", () => {
+    set_fast_qmv("exact");
+    expect(fast_qmv_enabled()).toBe(true);
+    // One row inside MLX's qmv domain (the kernel), two rows and 8 bits (MLX's op), N past 16384 (MLX's op).
+    for (const [lead, n, k, bits] of [
+      [[1, 1], 4096, 3840, 4],
+      [[1], 2048, 1536, 4],
+      [[2], 512, 1024, 4],
+      [[1], 512, 1024, 8],
+      [[1], 16512, 256, 4],
+    ] as const) {
+      const xs = inputs([...lead], n, k, bits, 64, "bfloat16", n + k);
+      try {
+        const [x, w, s, b] = xs;
+        using y = quantized_linear(x!, w!, s!, b!, { group_size: 64, bits });
+        using ref = quantized_matmul(x!, w!, s!, b!, { group_size: 64, bits, transpose: true });
+        expectExact(y, ref, `quantized_linear exact x[${lead}] N${n} K${k} ${bits}-bit`);
+      } finally {
+        dispose(xs);
       }
     }
   });

@@ -20,6 +20,7 @@
 import { isFloating, type MlxArray, MlxError, type Stream } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul, type QuantMode } from "../quantized.ts";
 import { custom_kernel, type KernelRunOptions, kernel_environment, select_kernel_path } from "./kernel.ts";
+import { qmv_exact_kernel } from "./qmv-exact.ts";
 
 /** Bit widths and group sizes the kernel reads. */
 export const QMV_BITS: readonly number[] = [4, 8];
@@ -409,8 +410,14 @@ export function qmv(
  * "auto" (the default): MLX's op. "auto" stays off on every backend until the kernel meets the
  * rule for fast paths (teacher-forced KL against MLX's op ≤ 1e-4 per token) and is faster end to
  * end: on the H200 it measured KL 3.3e-3 per token and 0.80× decode tok/s (docs/benchmarks.md).
+ * "exact": mlxb_qmv_exact (qmv-exact.ts, MLX's own CUDA arithmetic with wider loads) where MLX's
+ * CUDA op would run its qmv — one row of bf16 x, 4-bit affine, N and K ≤ 16384 — and MLX's op
+ * elsewhere; opt-in until a GPU confirms its bit equality with MLX's op (checked so far on the
+ * CPU emulator against a model of MLX's arithmetic, docs/custom-kernels.md).
  */
-export type FastQmvSetting = "auto" | "on" | "off";
+export type FastQmvSetting = "auto" | "on" | "off" | "exact";
+/** N and K up to which MLX 0.32's CUDA quantized_matmul runs its qmv for one row on sm90. */
+const MLX_QMV_MAX_DIM = 16384;
 /**
  * Rows of x up to which `quantized_linear` takes the kernel: on the H200 it beats MLX's op at
  * M = 1, 2, 4 (MLX launches its matvec once per row) and loses from M = 8, where MLX switches to
@@ -419,41 +426,45 @@ export type FastQmvSetting = "auto" | "on" | "off";
 export const QMV_MAX_ROWS = 4;
 
 let setting: FastQmvSetting | undefined;
-let resolved: { on: boolean } | undefined;
+let resolved: { on: boolean; exact: boolean } | undefined;
 
 function envSetting(): FastQmvSetting {
   const v = process.env.MLX_BUN_FAST_QMV;
   if (v === undefined || v === "" || v === "auto") return "auto";
   if (v === "1" || v === "on") return "on";
   if (v === "0" || v === "off") return "off";
-  throw new Error(`MLX_BUN_FAST_QMV=${v}: expected 0, 1, on, off or auto`);
+  if (v === "exact") return "exact";
+  throw new Error(`MLX_BUN_FAST_QMV=${v}: expected 0, 1, on, off, exact or auto`);
 }
 
 /**
  * Choose the quantized decode path for `quantized_linear` (the model's quantized layers):
- * "auto" (default; MLX_BUN_FAST_QMV=0|1|auto overrides it) and "off": mx.quantized_matmul, the
- * exact path every parity test runs on; "on": the kernel where a GPU source runs. `undefined`
- * goes back to the environment variable.
+ * "auto" (default; MLX_BUN_FAST_QMV=0|1|exact|auto overrides it) and "off": mx.quantized_matmul,
+ * the exact path every parity test runs on; "on": the kernel where a GPU source runs; "exact": the
+ * exact-order kernel where MLX's CUDA op would run its qmv (FastQmvSetting). `undefined` goes back
+ * to the environment variable.
  */
 export function set_fast_qmv(s: FastQmvSetting | undefined): void {
   setting = s;
   resolved = undefined;
 }
 
-function resolve(): { on: boolean } {
+function resolve(): { on: boolean; exact: boolean } {
   if (resolved === undefined) {
     const s = setting ?? envSetting();
     const path = select_kernel_path(qmv_kernel.spec, kernel_environment());
     // "auto" is off: see FastQmvSetting for the measurements that keep it so.
     const on = path !== "reference" && s === "on";
-    resolved = { on };
+    const exact = s === "exact" && select_kernel_path(qmv_exact_kernel.spec, kernel_environment()) === "cuda";
+    resolved = { on, exact };
   }
   return resolved;
 }
 
 /** Whether `quantized_linear` takes the kernel in this process (for calls it fits). */
 export function fast_qmv_enabled(): boolean {
-  return resolve().on;
+  const r = resolve();
+  return r.on || r.exact;
 }
 
 /**
@@ -473,6 +484,15 @@ export function quantized_linear(
   const mode = q.mode ?? "affine";
   if (biases && mode === "affine" && stream === undefined && (q.bits === 4 || q.bits === 8) && QMV_GROUP_SIZES.includes(q.group_size)) {
     const r = resolve();
+    if (r.exact && q.bits === 4 && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16" && w.ndim === 2) {
+      const K = x.shape[x.ndim - 1]!;
+      const N = w.shape[0]!;
+      // Only where MLX's own op would run its qmv, whose bits the kernel keeps.
+      if (x.size === K && N <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM && w.shape[1]! * 8 === K && scales.shape[1]! * q.group_size === K) {
+        const inputs = [x, w, scales, biases];
+        return qmv_exact_kernel.runKeyed(inputs, inputs.map((a) => `${a.shape.join(",")}:${a.dtype}`).join("|"))[0]!;
+      }
+    }
     if (r.on) {
       const K = x.shape[x.ndim - 1]!;
       const M = x.size / K;
