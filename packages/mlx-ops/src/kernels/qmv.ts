@@ -411,9 +411,11 @@ export function qmv(
  * rule for fast paths (teacher-forced KL against MLX's op ≤ 1e-4 per token) and is faster end to
  * end: on the H200 it measured KL 3.3e-3 per token and 0.80× decode tok/s (docs/benchmarks.md).
  * "exact": mlxb_qmv_exact (qmv-exact.ts, MLX's own CUDA arithmetic with wider loads) where MLX's
- * CUDA op would run its qmv — one row of bf16 x, 4-bit affine, N and K ≤ 16384 — and MLX's op
- * elsewhere; opt-in until a GPU confirms its bit equality with MLX's op (checked so far on the
- * CPU emulator against a model of MLX's arithmetic, docs/custom-kernels.md).
+ * CUDA op would run its qmv on sm90 (H100/H200) — one row of bf16 x, 4-bit affine, N and K ≤
+ * 16384 — and MLX's op elsewhere (other architectures may dispatch those shapes to other kernels,
+ * so the bits are MLX's there only where MLX also runs its qmv); opt-in until a GPU confirms its
+ * bit equality with MLX's op (checked so far on the CPU emulator against a model of MLX's
+ * arithmetic, docs/custom-kernels.md).
  */
 export type FastQmvSetting = "auto" | "on" | "off" | "exact";
 /** N and K up to which MLX 0.32's CUDA quantized_matmul runs its qmv for one row on sm90. */
