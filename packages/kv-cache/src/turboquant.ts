@@ -85,9 +85,10 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
   const kq = { group_size: TURBO_K_GROUP, bits: kBits };
   // The rotation kernels (value encode, output un-rotation) where their source runs, else the compositions.
   const rotationPath = (): "auto" | "reference" => ((opts.encoding ?? encodeSetting.get()) === "kernel" ? "auto" : "reference");
-  // Keyed by the output's shape and dtype, which fix the signs (tablesFor) and the launch.
-  const unrotate = (out: MlxArray, d: number, dtype: MlxArray["dtype"]): MlxArray =>
-    turboUnrotateKernel.runKeyed([out, tablesFor(d, dtype).signs], `${out.shape.join(",")},${out.dtype},${d},${dtype}`, { path: rotationPath() })[0]!;
+  const unrotate = (out: MlxArray, d: number, dtype: MlxArray["dtype"]): MlxArray => {
+    const inputs = [out, tablesFor(d, dtype).signs];
+    return turboUnrotateKernel.runKeyed(inputs, mx.kernels.inputsKey(inputs), { path: rotationPath() })[0]!;
+  };
 
   /** Rotated values [B, H, T, D] (in the scale dtype) from the value planes: one kernel on a GPU. */
   const rotatedValues = (packed: MlxArray, vscale: MlxArray, d: number): MlxArray => turboValues(packed, vscale, tablesFor(d, vscale.dtype).centroids);
@@ -123,8 +124,9 @@ export function turboQuantCodec(opts: TurboQuantOptions): KvCodec & {
       const [kw, ks, kb] = mx.quantize(k, kq);
       const t = tablesFor(v.shape[3]!, v.dtype);
       // The encode kernel where its source runs; its reference is the composition of ops.
-      // Keyed by what fixes the launch (shape, dtype, the codebook's bits): every decode step encodes.
-      const [packed, vscale] = turboEncodeKernel.runKeyed([v, t.signs, t.boundaries], `${v.shape.join(",")},${v.dtype},${vBits}`, { path: rotationPath() });
+      // Keyed launch (every decode step encodes): the boundaries' size carries the bits.
+      const inputs = [v, t.signs, t.boundaries];
+      const [packed, vscale] = turboEncodeKernel.runKeyed(inputs, mx.kernels.inputsKey(inputs), { path: rotationPath() });
       return [kw, ks, kb!, packed!, vscale!];
     },
     view: (planes, length) =>

@@ -12,6 +12,7 @@ export {
   CustomKernel,
   custom_kernel,
   gpu_backend,
+  inputsKey,
   kernel_environment,
   select_kernel_path,
 } from "./kernel.ts";

@@ -160,6 +160,11 @@ function joinNames(op: string, names: readonly string[]): Buffer {
   return cstr(names.join("\n"));
 }
 
+/** A `runKeyed` key from every input's shape and dtype: complete for kernels whose launch reads nothing else. */
+export function inputsKey(inputs: readonly MlxArray[]): string {
+  return inputs.map((a) => `${a.shape.join(",")}:${a.dtype}`).join("|");
+}
+
 /** Launch classes a kernel keeps prepared for `runKeyed` (cleared when full: keys come from shapes, few per process). */
 const MAX_KEYED_LAUNCHES = 256;
 

@@ -19,7 +19,7 @@
 //   is why the model keeps MLX's op unless MLX_BUN_FAST_QMV=1.
 import { isFloating, type MlxArray, MlxError, type Stream } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul, type QuantMode } from "../quantized.ts";
-import { custom_kernel, type KernelRunOptions, kernel_environment, select_kernel_path } from "./kernel.ts";
+import { custom_kernel, inputsKey, type KernelRunOptions, kernel_environment, select_kernel_path } from "./kernel.ts";
 import { qmv_exact_kernel } from "./qmv-exact.ts";
 
 /** Bit widths and group sizes the kernel reads. */
@@ -492,7 +492,7 @@ export function quantized_linear(
       // Only where MLX's own op would run its qmv, whose bits the kernel keeps.
       if (x.size === K && N <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM && w.shape[1]! * 8 === K && scales.shape[1]! * q.group_size === K) {
         const inputs = [x, w, scales, biases];
-        return qmv_exact_kernel.runKeyed(inputs, inputs.map((a) => `${a.shape.join(",")}:${a.dtype}`).join("|"))[0]!;
+        return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
       }
     }
     if (r.on) {
@@ -503,7 +503,7 @@ export function quantized_linear(
         // First call of a shape: validated and marshalled once, then reused every step. The
         // launch reads nothing but the inputs' shapes and dtypes (bits and groups included).
         const inputs = [x, w, scales, biases];
-        return qmv_kernel.runKeyed(inputs, inputs.map((a) => `${a.shape.join(",")}:${a.dtype}`).join("|"))[0]!;
+        return qmv_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
       }
     }
   }
