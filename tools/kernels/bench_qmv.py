@@ -23,7 +23,7 @@ import time
 import mlx.core as mx
 
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
-from check_cuda_kernels import qmv_config, qmv_launch  # noqa: E402
+from check_cuda_kernels import qmv_config, qmv_exact_launch, qmv_launch  # noqa: E402
 
 SHAPES_12B = [("12B gate/up", 15360, 3840), ("12B down", 3840, 15360), ("12B q", 4096, 3840), ("12B k/v", 2048, 3840),
               ("12B o", 3840, 4096), ("12B q full", 8192, 3840), ("12B o full", 3840, 8192), ("12B lm_head", 262144, 3840)]
@@ -76,8 +76,7 @@ def main():
 
     def exact(x, q, bits, gs, cfg=None):
         n, k = q[0].shape[0], x.shape[-1]
-        return kern_exact(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype], grid=(-(-n // 8) * 256, 1, 1),
-                          threadgroup=(256, 1, 1), template=[("K", k), ("GS", gs)])[0]
+        return kern_exact(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype], **qmv_exact_launch(x.size // k, n, k, gs))[0]
 
     def theirs(x, q, bits, gs, cfg=None):
         return mx.quantized_matmul(x, *q, transpose=True, group_size=gs, bits=bits)

@@ -509,11 +509,16 @@ QMV_EXACT_SHAPES = [((1,), 100, 512, 64), ((1, 1), 37, 1024, 32), ((1,), 19, 384
                     ((1,), 41, 2304, 32), ((1,), 16, 4096, 64), ((1,), 9, 256, 128)]
 
 
+def qmv_exact_launch(m, n, k, gs):
+    """qmv-exact.ts's launch: one warp a row of w, 8 a block, one grid row per row of x."""
+    return dict(grid=(-(-n // 8) * 256, m, 1), threadgroup=(256, 1, 1), template=[("K", k), ("GS", gs)])
+
+
 def qmv_exact_cases():
     for i, (lead, n, k, gs) in enumerate(QMV_EXACT_SHAPES):
         x, wq, scales, biases = qmv_inputs(lead, n, k, 4, gs, mx.bfloat16, 100 + i)
         launch = dict(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[mx.bfloat16],
-                      grid=(-(-n // 8) * 256, math.prod(lead), 1), threadgroup=(256, 1, 1), template=[("K", k), ("GS", gs)])
+                      **qmv_exact_launch(math.prod(lead), n, k, gs))
         yield f"x{lead} N{n} K{k} g{gs}", launch, (x, wq, scales, biases, gs)
 
 

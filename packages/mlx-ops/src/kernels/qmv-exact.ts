@@ -9,7 +9,8 @@
 // before any is used (MLX: one chunk at a time, K a runtime loop bound), K being a template.
 // Bit equality with mx.quantized_matmul is the kernel's test on a GPU (tools/kernels/
 // check_cuda_kernels.py); MLX takes this product only for one row of x with N, K ≤ 16384 on sm90,
-// and nothing routes calls here until that test has passed on the device.
+// and until that test has passed on the device only an explicit MLX_BUN_FAST_QMV=exact routes
+// calls here (quantized_linear, qmv.ts).
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul } from "../quantized.ts";
 import { custom_kernel } from "./kernel.ts";
@@ -52,16 +53,20 @@ const CUDA = `
   __nv_bfloat162 acc[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j] = __floats2bfloat162_rn(0.0f, 0.0f);
-  constexpr int NC = K / 512;
+  // Chunks of 512 values in order; the last is partial where K % 512 ≠ 0 (MLX's residue: the
+  // lanes whose 16 values start below K take it).
+  constexpr int NC = (K + 511) / 512;
 #pragma unroll
   for (int r0 = 0; r0 < NC; r0 += ${CHUNKS}) {
     uint2 wq[${CHUNKS}];
     uint4 xa[${CHUNKS}], xb[${CHUNKS}];
     __nv_bfloat16 s[${CHUNKS}], b[${CHUNKS}];
+    bool live[${CHUNKS}];
 #pragma unroll
     for (int u = 0; u < ${CHUNKS}; ++u) {
-      if (r0 + u < NC) {
-        const int idx = (r0 + u) * 512 + lane * 16;
+      const int idx = (r0 + u) * 512 + lane * 16;
+      live[u] = r0 + u < NC && idx < K;
+      if (live[u]) {
         wq[u] = *reinterpret_cast<const uint2*>(wr + idx / 2);
         xa[u] = *reinterpret_cast<const uint4*>(xr + idx);
         xb[u] = *reinterpret_cast<const uint4*>(xr + idx + 8);
@@ -71,15 +76,7 @@ const CUDA = `
     }
 #pragma unroll
     for (int u = 0; u < ${CHUNKS}; ++u) {
-      if (r0 + u < NC) mlxb_qmvx_chunk(wq[u], xa[u], xb[u], s[u], b[u], acc);
-    }
-  }
-  // MLX's residue: the lanes whose 16 values start below K take one more chunk.
-  if constexpr (K % 512 != 0) {
-    const int idx = NC * 512 + lane * 16;
-    if (idx < K) {
-      mlxb_qmvx_chunk(*reinterpret_cast<const uint2*>(wr + idx / 2), *reinterpret_cast<const uint4*>(xr + idx),
-                      *reinterpret_cast<const uint4*>(xr + idx + 8), sr[idx / GS], br[idx / GS], acc);
+      if (live[u]) mlxb_qmvx_chunk(wq[u], xa[u], xb[u], s[u], b[u], acc);
     }
   }
   float sum = 0.0f;

@@ -486,26 +486,33 @@ export function quantized_linear(
   const mode = q.mode ?? "affine";
   if (biases && mode === "affine" && stream === undefined && (q.bits === 4 || q.bits === 8) && QMV_GROUP_SIZES.includes(q.group_size)) {
     const r = resolve();
-    if (r.exact && q.bits === 4 && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16" && w.ndim === 2) {
-      const K = x.shape[x.ndim - 1]!;
-      const N = w.shape[0]!;
-      // Only where MLX's own op would run its qmv, whose bits the kernel keeps.
-      if (x.size === K && N <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM && w.shape[1]! * 8 === K && scales.shape[1]! * q.group_size === K) {
-        const inputs = [x, w, scales, biases];
-        return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
-      }
-    }
-    if (r.on) {
-      const K = x.shape[x.ndim - 1]!;
-      const M = x.size / K;
-      // The kernel reads bits and group size off the shapes: take it only where they agree.
-      if (M >= 1 && M <= QMV_MAX_ROWS && w.ndim === 2 && w.shape[1]! * 32 === K * q.bits && scales.shape[1]! * q.group_size === K) {
-        // First call of a shape: validated and marshalled once, then reused every step. The
-        // launch reads nothing but the inputs' shapes and dtypes (bits and groups included).
-        const inputs = [x, w, scales, biases];
-        return qmv_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
-      }
-    }
+    const y = r.on || r.exact ? kernelLinear(x, w, scales, biases, q.bits, q.group_size, r) : null;
+    if (y) return y;
   }
   return quantized_matmul(x, w, scales, biases, { group_size: q.group_size, bits: q.bits, mode, transpose: true, stream });
+}
+
+/** The kernel a `quantized_linear` call takes under setting `r`, or null where none fits (MLX's op). */
+function kernelLinear(
+  x: MlxArray,
+  w: MlxArray,
+  scales: MlxArray,
+  biases: MlxArray,
+  bits: number,
+  group_size: number,
+  r: { on: boolean; exact: boolean },
+): MlxArray | null {
+  const K = x.shape[x.ndim - 1]!;
+  const M = x.size / K;
+  // Either kernel reads bits and group size off the shapes: take one only where they agree.
+  if (w.ndim !== 2 || w.shape[1]! * 32 !== K * bits || scales.shape[1]! * group_size !== K) return null;
+  // First call of a shape: validated and marshalled once, then reused every step. The launches
+  // read nothing but the inputs' shapes and dtypes (bits and groups included).
+  const inputs = [x, w, scales, biases];
+  // Exact: only where MLX's own op would run its qmv, whose bits the kernel keeps.
+  const mlxQmv = M === 1 && bits === 4 && w.shape[0]! <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM;
+  if (r.exact && mlxQmv && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16") {
+    return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
+  }
+  return r.on && M >= 1 && M <= QMV_MAX_ROWS ? qmv_kernel.runKeyed(inputs, inputsKey(inputs))[0]! : null;
 }
