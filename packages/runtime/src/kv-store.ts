@@ -2,7 +2,7 @@
 // safetensors file that mlx-lm's load_prompt_cache reads too, and restore it (ours or one written
 // by mlx-lm's save_prompt_cache) by mapping the file instead of re-running the prompt.
 import { toArrayBuffer } from "bun:ffi";
-import { readdirSync, rmSync, statSync } from "node:fs";
+import { readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { basename, dirname, join } from "node:path";
 import { type Cache, type CacheMeta, KVCache, makeState, QuantizeAfterKVCache, RotatingKVCache } from "@mlx-bun/kv-cache";
 import * as mx from "@mlx-bun/mlx-ops";
@@ -201,12 +201,52 @@ const isAlive = (pid: number): boolean => {
   }
 };
 
+/**
+ * When process `pid` started, in ms since the epoch, from Linux's /proc (start ticks since boot at
+ * USER_HZ = 100, against /proc/uptime); null where it cannot be read (another OS, a gone process).
+ */
+function startedAt(pid: number): number | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    // Fields after "(comm) " start at field 3; starttime is field 22.
+    const ticks = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[19]);
+    const uptime = Number(readFileSync("/proc/uptime", "utf8").split(" ")[0]);
+    return Number.isFinite(ticks) && Number.isFinite(uptime) ? Date.now() - (uptime - ticks / 100) * 1000 : null;
+  } catch {
+    return null;
+  }
+}
+
+/** A file's last modification (ms since the epoch); +∞ when it is gone (so no writer counts as newer). */
+const mtimeOf = (file: string): number => {
+  try {
+    return statSync(file).mtimeMs;
+  } catch {
+    return Number.POSITIVE_INFINITY;
+  }
+};
+
+/** Slack for the two clocks compared (10 ms ticks, two reads): a live writer started well before its file's last write. */
+const START_SLACK_MS = 250;
+
+/**
+ * Whether the writer of a temporary file last written at `mtimeMs` may still be running: its pid is
+ * alive and, where the start time can be read, that process started before the write (a pid the
+ * system gave to a newer process after the writer died is not it).
+ */
+const writerAlive = (pid: number, mtimeMs: number): boolean => {
+  if (!isAlive(pid)) return false;
+  const started = startedAt(pid);
+  return started === null || started <= mtimeMs + START_SLACK_MS;
+};
+
 // The temporary name of an atomic write (mlx-ffi's safetensors/mmap writers): `.<target>.<pid>.<time>[.<rand>].tmp`.
 const TEMP_RE = /^\.(.+)\.(\d+)\.\d+(?:\.[a-z0-9]*)?\.tmp$/;
 
 /**
  * Remove, in `dir`, the temporary files of interrupted saves (a save killed between writing and
- * renaming) whose target name passes `isTarget`, unless their writer is still alive.
+ * renaming) whose target name passes `isTarget`, unless their writer is still alive (writerAlive:
+ * its pid, not reused by a newer process).
  */
 export function removeStaleTempsIn(dir: string, isTarget: (name: string) => boolean): string[] {
   const removed: string[] = [];
@@ -220,10 +260,11 @@ export function removeStaleTempsIn(dir: string, isTarget: (name: string) => bool
     const m = TEMP_RE.exec(n);
     if (!m || !isTarget(m[1]!)) continue;
     const pid = Number(m[2]);
-    if (pid !== process.pid && isAlive(pid)) continue;
+    const file = join(dir, n);
+    if (pid !== process.pid && writerAlive(pid, mtimeOf(file))) continue;
     try {
-      rmSync(join(dir, n), { force: true });
-      removed.push(join(dir, n));
+      rmSync(file, { force: true });
+      removed.push(file);
     } catch {
       // another cleaner got it first
     }

@@ -1,11 +1,11 @@
 import { execFileSync } from "node:child_process";
-import { copyFileSync, readdirSync, readFileSync, statSync, truncateSync, writeFileSync } from "node:fs";
+import { copyFileSync, readdirSync, readFileSync, statSync, truncateSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { type Cache, KVCache, QuantizeAfterKVCache } from "@mlx-bun/kv-cache";
 import { liveMappings, mapSafetensors, memory, MlxArray, saveMappableSafetensors } from "@mlx-bun/mlx-ffi";
 import { type KvMode, type LoadedModel, loadModel } from "@mlx-bun/models";
-import { KV_STORE_VERSION, KvStoreError, loadPromptCache, readPromptCacheInfo, savePromptCache, verifyPromptCache } from "../src/kv-store.ts";
+import { KV_STORE_VERSION, KvStoreError, loadPromptCache, readPromptCacheInfo, removeStaleTemps, savePromptCache, verifyPromptCache } from "../src/kv-store.ts";
 import { exactDiff } from "../../../tools/oracle/compare.ts";
 import { cacheDigest, disposeCaches, greedy, makeTiny, promptIds, tempDir } from "./kv-helpers.ts";
 
@@ -323,6 +323,16 @@ describe("the file is mlx-lm's save_prompt_cache layout", () => {
       expect.arrayContaining([".other.safetensors.999999999.1700000000000.abc123.tmp", `.temps.safetensors.${process.ppid}.1700000000000.def456.tmp`]),
     );
     expect(readdirSync(tmp.dir)).not.toContain(".temps.safetensors.999999999.1700000000000.abc123.tmp");
+  });
+
+  test.runIf(process.platform === "linux")("a temporary file whose pid now belongs to a process started after its last write is stale (pid reuse)", () => {
+    // The parent process is alive and started minutes ago at most: it cannot have written a file last modified in 2001.
+    const reused = join(tmp.dir, `.reused.safetensors.${process.ppid}.1000000000000.aaa111.tmp`);
+    const live = join(tmp.dir, `.reused.safetensors.${process.ppid}.1700000000000.bbb222.tmp`);
+    for (const f of [reused, live]) writeFileSync(f, "half-written");
+    utimesSync(reused, new Date(1_000_000_000_000), new Date(1_000_000_000_000));
+    expect(removeStaleTemps(join(tmp.dir, "reused.safetensors"))).toEqual([reused]);
+    expect(readdirSync(tmp.dir)).toContain(`.reused.safetensors.${process.ppid}.1700000000000.bbb222.tmp`);
   });
 });
 
