@@ -6,7 +6,7 @@
 # (docs/benchmarks.md, "GPU decode at the memory bandwidth", has the runs made with it)
 # Steps (STEPS; each is skipped when less than its budget is left before DEADLINE, in seconds
 # from this script's own start: run-h200.sh spends ~30 s before it):
-#   check    check_cuda_kernels.py --only mlxb_qmv (NVRTC + every case against the reference)
+#   check    check_cuda_kernels.py --only ${CHECK_ONLY:-mlxb_qmv} (NVRTC + every case against the reference)
 #   bench    tools/kernels/bench_qmv.py [--sweep with SWEEP=1]: µs and GB/s per shape, ours vs MLX
 #   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)
 #   ncu12b / ncu1b   one decode step per path under ncu (tools/bench/device/decode-step-profile.ts --ncu)
@@ -50,8 +50,8 @@ for s in $STEPS; do
   case "$s" in
     check)
       fits 60 || continue
-      log "check_cuda_kernels.py --only mlxb_qmv"
-      timeout "$(left "${CHECK_S:-170}")" "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json --only mlxb_qmv 2>&1 | tail -40
+      log "check_cuda_kernels.py --only ${CHECK_ONLY:-mlxb_qmv}"
+      timeout "$(left "${CHECK_S:-170}")" "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json --only "${CHECK_ONLY:-mlxb_qmv}" 2>&1 | tail -40
       ;;
     bench)
       fits 60 || continue

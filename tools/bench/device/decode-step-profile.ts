@@ -1,8 +1,9 @@
 // One decode step of mlx-bun at batch 1, on the device: host phases and, under Nsight Compute,
 // the GPU kernels of exactly one step per quantized-matmul path (MLX's op, then the qmv kernel).
 //
-//   .native/bin/bun tools/bench/device/decode-step-profile.ts --model DIR --host [--tokens 48] [--reps 2]
-//     per path (exact = mx.quantized_matmul, fast = the mlx-ops qmv kernel): an unpipelined step split
+//   .native/bin/bun tools/bench/device/decode-step-profile.ts --model DIR --host [--tokens 48] [--reps 2] [--fast on|exact]
+//     per path (exact = mx.quantized_matmul, fast = the mlx-ops qmv kernel, or with --fast exact the
+//     exact-order matvec, MLX_BUN_FAST_QMV=exact): an unpipelined step split
 //     into graph build / asyncEval call (MLX encodes the kernels there) / wait for the token, and
 //     Engine.generate (background evaluation) ms per token; paths interleaved per repetition.
 //   ncu --profile-from-start off ... .native/bin/bun tools/bench/device/decode-step-profile.ts --model DIR --ncu
@@ -40,7 +41,9 @@ const prompt = template!.apply(
     addGenerationPrompt: true,
   },
 );
-const PATHS = { exact: "off", fast: "on" } as const;
+const FAST = arg("fast", "on");
+if (FAST !== "on" && FAST !== "exact") throw new Error(`--fast must be on or exact, got ${FAST}`);
+const PATHS = { exact: "off", fast: FAST } as const;
 type PathName = keyof typeof PATHS;
 const use = (p: PathName) => mx.kernels.set_fast_qmv(PATHS[p]);
 

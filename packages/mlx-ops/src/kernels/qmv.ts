@@ -413,9 +413,8 @@ export function qmv(
  * "exact": mlxb_qmv_exact (qmv-exact.ts, MLX's own CUDA arithmetic with wider loads) where MLX's
  * CUDA op would run its qmv on sm90 (H100/H200) — one row of bf16 x, 4-bit affine, N and K ≤
  * 16384 — and MLX's op elsewhere (other architectures may dispatch those shapes to other kernels,
- * so the bits are MLX's there only where MLX also runs its qmv); opt-in until a GPU confirms its
- * bit equality with MLX's op (checked so far on the CPU emulator against a model of MLX's
- * arithmetic, docs/custom-kernels.md).
+ * so the bits are MLX's there only where MLX also runs its qmv): bit for bit with MLX's op on an
+ * H100, but opt-in while decode is host-paced (equal tok/s end to end, docs/benchmarks.md).
  */
 export type FastQmvSetting = "auto" | "on" | "off" | "exact";
 /** N and K up to which MLX 0.32's CUDA quantized_matmul runs its qmv for one row on sm90. */
