@@ -18,7 +18,7 @@ DEADLINE="${DEADLINE:-540}"
 log() { echo "[graph-sweep +${SECONDS}s] $*"; }
 if [ ! -f "$M12/config.json" ]; then
   log "writing the 12B-shaped checkpoint"
-  "$PY" tools/bench/device/make_12b_model.py --out "$M12" --rng mlx 2>&1 | tail -2
+  "$PY" tools/bench/device/make_12b_model.py --out "$M12" --rng mlx 2>&1 | tail -2 || { log "checkpoint failed"; exit 1; }
 fi
 for s in $SETTINGS; do
   [ $((DEADLINE - SECONDS)) -lt 100 ] && { log "SKIP $s (time)"; continue; }
