@@ -538,6 +538,145 @@ def check_qmv_exact(k, emulate):
     return ok
 
 
+# ----------------------------------------------------------------------------- fused exact norms
+# packages/mlx-ops/src/kernels/norm-exact.ts: MLX's CUDA RMSNorm arithmetic (docs/custom-kernels.md,
+# "MLX's CUDA RMSNorm, as compiled") fused with its neighbours. On a GPU the reference is MLX's own
+# ops (rms_norm, add, multiply) at zero tolerance; in the emulator, a model of rms_norm_small written
+# from its SASS (below) at zero tolerance, with 1/sqrt standing in for MUFU.RSQ on both sides.
+
+
+def mlx_norm_partition(a):
+    """rms_norm.cu's dispatch_num_chunks for bf16 (8 values a thread): (threads a block, vectors a thread)."""
+    nvec = -(-a // 8)
+    if a <= 8 * 64:
+        return 64, 1
+    if nvec % 128 == 0 and nvec // 128 <= 8:
+        return 128, nvec // 128
+    if nvec % 64 == 0 and nvec // 64 <= 8:
+        return 64, nvec // 64
+    return 128, min(8, -(-nvec // 128))
+
+
+def butterfly(v):
+    """cg::reduce over a warp as compiled: SHFL.BFLY 16, 8, 4, 2, 1, each v + partner (float32)."""
+    for off in (16, 8, 4, 2, 1):
+        v = v + v[..., np.arange(32) ^ off]
+    return v
+
+
+def mlx_cuda_rms_model(x, w, eps):
+    """rms_norm_small<bf16, BLOCK, CHUNKS, *, 8>: x mx bf16 [..., A], w mx bf16 [A] or None."""
+    a = x.shape[-1]
+    block, chunks = mlx_norm_partition(a)
+    xs = np.array(x.astype(mx.float32)).reshape(-1, a)
+    rows = xs.shape[0]
+    pad = np.zeros((rows, block * chunks * 8), np.float32)
+    pad[:, :a] = xs
+    vals = pad.reshape(rows, chunks, block, 8)
+    acc = np.zeros((rows, block), np.float32)
+    for i in range(chunks):
+        for j in range(8):
+            v = vals[:, i, :, j].astype(np.float64)
+            # FFMA: acc + v² rounded once (exact in float64 for these inputs' spread of exponents).
+            acc = (v * v + acc.astype(np.float64)).astype(np.float32)
+    warps = butterfly(acc.reshape(rows, block // 32, 32))[..., 0]
+    if block > 32:
+        lanes = np.zeros((rows, 32), np.float32)
+        lanes[:, : block // 32] = warps
+        total = butterfly(lanes)[:, 0]
+    else:
+        total = warps[:, 0]
+    r = np.float32(1) / np.sqrt(total / np.float32(a) + np.float32(eps))
+    y = mx.array(xs * r[:, None]).astype(mx.bfloat16)
+    if w is not None:
+        y = mx.array(np.array(y.astype(mx.float32)) * np.array(w.astype(mx.float32))[None]).astype(mx.bfloat16)
+    return y.reshape(x.shape)
+
+
+def eps_bits(eps):
+    return int(np.array([eps], np.float32).view(np.int32)[0])
+
+
+def bf16(a):
+    return mx.array(a).astype(mx.bfloat16)
+
+
+# (lead, hq, hk, hv, dim): the 12B's sliding (16/8/8 × 256) and full (k = v, 512) layers, small ones.
+QKV_NORM_SHAPES = [((1, 1), 16, 8, 8, 256), ((1, 1), 32, 4, 0, 512), ((2,), 4, 1, 1, 128), ((1,), 3, 2, 0, 1152)]
+# (rows, A, scaled): hidden 3840 (BLOCK 128 × 4, a partial last chunk), 1152, 1536, 2560, 5376, 8192, 256.
+RESIDUAL_NORM_SHAPES = [(1, 3840, True), (1, 3840, False), (3, 1152, True), (1, 1536, False), (2, 2560, True),
+                        (1, 5376, True), (1, 8192, False), (1, 256, True)]
+NORM_EPS = 1e-6
+
+
+def qkv_norm_cases():
+    for i, (lead, hq, hk, hv, dim) in enumerate(QKV_NORM_SHAPES):
+        mx.random.seed(300 + i)
+        x = (mx.random.normal((*lead, (hq + hk + hv) * dim)) * 3).astype(mx.bfloat16)
+        qw = (1 + 0.5 * mx.random.normal((dim,))).astype(mx.bfloat16)
+        kw = (1 + 0.5 * mx.random.normal((dim,))).astype(mx.bfloat16)
+        block, chunks = mlx_norm_partition(dim)
+        rows = math.prod(lead)
+        launch = dict(inputs=[x, qw, kw], output_shapes=[(*lead, hq, dim), (*lead, hk, dim), (*lead, hk, dim)],
+                      output_dtypes=[mx.bfloat16] * 3, grid=(rows * (hq + 2 * hk) * block, 1, 1), threadgroup=(block, 1, 1),
+                      template=[("HQ", hq), ("HK", hk), ("HV", hv), ("A", dim), ("BLOCK", block), ("CHUNKS", chunks),
+                                ("EPS_BITS", eps_bits(NORM_EPS))])
+        parts = mx.split(x, [hq * dim, (hq + hk) * dim], axis=-1)
+        q0 = parts[0].reshape(*lead, hq, dim)
+        k0 = parts[1].reshape(*lead, hk, dim)
+        v0 = (parts[2] if hv else parts[1]).reshape(*lead, hk, dim)
+        yield f"x{lead} heads {hq}/{hk}/{hv or 'k'} dim {dim}", launch, ((q0, qw), (k0, kw), (v0, None))
+
+
+def residual_norm_cases():
+    for i, (rows, a, scaled) in enumerate(RESIDUAL_NORM_SHAPES):
+        mx.random.seed(400 + i)
+        h = (mx.random.normal((rows, a)) * 4).astype(mx.bfloat16)
+        y = (mx.random.normal((rows, a)) * 20).astype(mx.bfloat16)
+        pw = (1 + 0.5 * mx.random.normal((a,))).astype(mx.bfloat16)
+        nw = (1 + 0.5 * mx.random.normal((a,))).astype(mx.bfloat16)
+        scale = mx.array([0.37]).astype(mx.bfloat16)
+        block, chunks = mlx_norm_partition(a)
+        launch = dict(inputs=[h, y, pw, nw, scale], output_shapes=[(rows, a), (rows, a)], output_dtypes=[mx.bfloat16] * 2,
+                      grid=(rows * block, 1, 1), threadgroup=(block, 1, 1),
+                      template=[("A", a), ("BLOCK", block), ("CHUNKS", chunks), ("EPS_BITS", eps_bits(NORM_EPS)),
+                                ("HAS_SCALE", scaled)])
+        yield f"rows {rows} A {a} {'scaled' if scaled else 'unscaled'}", launch, (h, y, pw, nw, scale if scaled else None)
+
+
+def check_qkv_norm(k, emulate):
+    ok = True
+    for label, launch, parts in qkv_norm_cases():
+        outs = k(**launch)
+        for name, out, (x, w) in zip("qkv", outs, parts):
+            if emulate:
+                ref, how = mlx_cuda_rms_model(x, w, NORM_EPS), "MLX CUDA model"
+            else:
+                ref, how = mx.fast.rms_norm(x, w, NORM_EPS), "MLX's rms_norm, bit for bit"
+            ok = compare(f"mlxb_qkv_norm_exact {label} {name} ({how})", out, ref, 0, 0) and ok
+    return ok
+
+
+def check_residual_norm(k, emulate):
+    ok = True
+    for label, launch, (h, y, pw, nw, scale) in residual_norm_cases():
+        h_out, n_out = k(**launch)
+        if emulate:
+            yn = mlx_cuda_rms_model(y, pw, NORM_EPS)
+            s = bf16(np.array(h.astype(mx.float32)) + np.array(yn.astype(mx.float32)))
+            if scale is not None:
+                s = bf16(np.array(s.astype(mx.float32)) * np.array(scale.astype(mx.float32)))
+            n, how = mlx_cuda_rms_model(s, nw, NORM_EPS), "MLX CUDA model"
+        else:
+            s = mx.add(h, mx.fast.rms_norm(y, pw, NORM_EPS))
+            if scale is not None:
+                s = mx.multiply(s, scale)
+            n, how = mx.fast.rms_norm(s, nw, NORM_EPS), "MLX's ops, bit for bit"
+        ok = compare(f"mlxb_residual_norm_exact {label} sum ({how})", h_out, s, 0, 0) and ok
+        ok = compare(f"mlxb_residual_norm_exact {label} norm ({how})", n_out, n, 0, 0) and ok
+    return ok
+
+
 CASES = {"mlxb_geglu": geglu_cases, "mlxb_turbo_values": turbo_values_cases, "mlxb_qmv": qmv_cases}
 DECODE = {"mlxb_affine_decode_partials": affine_cases, "mlxb_turbo_decode_partials": turbo_cases, "mlxb_dense_decode_partials": dense_cases}
 
@@ -734,6 +873,9 @@ def main() -> None:
         ok = check_turbo_encode(compiled(specs["mlxb_turbo_encode_values"], emulate), specs["mlxb_turbo_encode_values"], emulate, quick) and ok
     if "mlxb_qmv_exact" in specs and (not only or "mlxb_qmv_exact" in only):
         ok = check_qmv_exact(compiled(specs["mlxb_qmv_exact"], emulate), emulate) and ok
+    for name, check in (("mlxb_qkv_norm_exact", check_qkv_norm), ("mlxb_residual_norm_exact", check_residual_norm)):
+        if name in specs and (not only or name in only):
+            ok = check(compiled(specs[name], emulate), emulate) and ok
     if "mlxb_turbo_unrotate" in specs and (not only or "mlxb_turbo_unrotate" in only):
         ok = check_turbo_unrotate(compiled(specs["mlxb_turbo_unrotate"], emulate), emulate, quick) and ok
     combine = compiled(specs["mlxb_decode_combine"], emulate) if "mlxb_decode_combine" in specs else None

@@ -119,6 +119,34 @@ describe("Gemma 4 forward = mlx-lm (64-token prompt, 50 greedy tokens, every ste
   }
 });
 
+// The fused exact norms (mlx-ops norm-exact.ts) routed everywhere: on this CPU their reference
+// composition, so this checks the model's routing (which tensors, heads, weights and residuals
+// each launch takes), at decode (fused q/k/v) and prefill; the CUDA bodies' bits are checked
+// against MLX by tools/kernels/check_cuda_kernels.py.
+describe("Gemma 4 forward with the exact norm kernels' routing = mlx-lm", () => {
+  for (const name of ["small-4bit", "dense-4bit", "moe-4bit"]) {
+    test(`${name}: bit-exact logits, identical tokens`, () => {
+      const ckpt = made.get(name)!;
+      const ref = reference(ckpt, "bf16");
+      mx.kernels.set_exact_norms("always");
+      try {
+        expect(mx.kernels.exact_norms_enabled()).toBe(true);
+        const mine = ours(ckpt, "bf16");
+        try {
+          expect(mine.tokens).toEqual(ref.tokens);
+          using stacked = mx.stack(mine.rows, 0);
+          expect(maxAbsDiff(stacked, ref.logits)).toBe(0);
+        } finally {
+          for (const r of mine.rows) r.dispose();
+        }
+      } finally {
+        mx.kernels.set_exact_norms(undefined);
+        ref.dispose();
+      }
+    });
+  }
+});
+
 describe("LoRA adapters (mlx-lm format)", () => {
   test("an adapter made by mlx-lm's tuner gives mlx-lm's logits exactly, and unloading restores the base", async () => {
     const { loadAdapter } = await import("../src/index.ts");

@@ -3,13 +3,15 @@
 // tok/s of mlx-bun exact, mlx-bun fast and mlx-lm (tools/bench/mlx_lm_bench.py in a Python twin),
 // the order rotated every repetition; min / median / max.
 //   .native/bin/bun tools/bench/device/qmv-decode.ts --model DIR [--python PY] [--reps 5]
-//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv]
+//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all]
 // "exact": mx.quantized_matmul everywhere (MLX_BUN_FAST_QMV=0); "fast": the qmv kernel for every
 // quantized linear with at most 16 rows of x (decode), MLX's op for prefill.
 // --ab fused compares instead fused projections off ("exact") and on ("fast", the default path:
 // q/k/v and gate/up as one quantized matmul per decode step; expected bit-equal: KL 0).
 // --ab exact-qmv compares MLX's op ("exact") with the exact-order matvec (MLX_BUN_FAST_QMV=exact:
 // MLX's own arithmetic with wider loads where MLX runs its qmv; expected bit-equal: KL 0).
+// --ab exact-norms: MLX's norms vs the fused exact norms (MLX_BUN_EXACT_NORMS=on: q/k/v norms and
+// the residual points in one launch each); --ab exact-all: both exact kernels. Expected KL 0.
 import { writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import { defaultDevice, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
@@ -32,7 +34,8 @@ const KL_STEPS = Number(arg("kl-steps", "64"));
 const JSON_OUT = arg("json", "");
 const WITH_LM = !process.argv.includes("--no-mlx-lm");
 const AB = arg("ab", "qmv");
-if (AB !== "qmv" && AB !== "fused" && AB !== "exact-qmv") throw new Error(`--ab must be qmv, fused or exact-qmv, got ${AB}`);
+const AB_MODES = ["qmv", "fused", "exact-qmv", "exact-norms", "exact-all"];
+if (!AB_MODES.includes(AB)) throw new Error(`--ab must be one of ${AB_MODES.join(", ")}, got ${AB}`);
 const log = (s: string) => process.stderr.write(`[qmv-decode +${(performance.now() / 1000).toFixed(0)}s] ${s}\n`);
 
 const engine = Engine.load(model, { kv: "bf16" });
@@ -45,6 +48,9 @@ const prompt = template!.apply(
   },
 );
 const use = (p: "exact" | "fast") => {
+  mx.kernels.set_exact_norms(p === "fast" && (AB === "exact-norms" || AB === "exact-all") ? "on" : "off");
+  if (AB === "exact-norms") return mx.kernels.set_fast_qmv("off");
+  if (AB === "exact-all") return mx.kernels.set_fast_qmv(p === "exact" ? "off" : "exact");
   if (AB === "qmv") return mx.kernels.set_fast_qmv(p === "exact" ? "off" : "on");
   if (AB === "exact-qmv") return mx.kernels.set_fast_qmv(p === "exact" ? "off" : "exact");
   mx.kernels.set_fast_qmv("off");
@@ -55,7 +61,11 @@ const LABEL =
     ? { exact: "mlx-bun exact", fast: "mlx-bun fast" }
     : AB === "exact-qmv"
       ? { exact: "mlx-bun MLX's matvec", fast: "mlx-bun exact-order matvec" }
-      : { exact: "mlx-bun unfused", fast: "mlx-bun fused" };
+      : AB === "exact-norms"
+        ? { exact: "mlx-bun MLX's norms", fast: "mlx-bun fused exact norms" }
+        : AB === "exact-all"
+          ? { exact: "mlx-bun MLX's kernels", fast: "mlx-bun exact norms + matvec" }
+          : { exact: "mlx-bun unfused", fast: "mlx-bun fused" };
 const result: Record<string, unknown> = { model, ab: AB, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };
 const save = () => JSON_OUT && writeFileSync(JSON_OUT, JSON.stringify(result, null, 1));
 

@@ -33,3 +33,13 @@ export {
   quantized_linear,
   set_fast_qmv,
 } from "./qmv.ts";
+export {
+  type ExactNormsSetting,
+  type QkvHeads,
+  NORM_EXACT_MAX_AXIS,
+  exact_norms_enabled,
+  norm_partition,
+  qkv_norm_exact,
+  residual_norm_exact,
+  set_exact_norms,
+} from "./norm-exact.ts";

@@ -18,7 +18,7 @@ import {
 } from "../config.ts";
 import { WeightsError } from "../errors.ts";
 import { findWeights, loadPickedTensors } from "../weights.ts";
-import { attentionShared, feedForwardDense, feedForwardMoe, type LayerWeights, layerScale, type ModelConsts } from "./blocks.ts";
+import { attentionShared, feedForwardDense, feedForwardMoe, type Hidden, layerEnd, type LayerWeights, type ModelConsts } from "./blocks.ts";
 import { layerRopeFreqs } from "./gemma4.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights } from "./nn.ts";
 import { Scope } from "./scope.ts";
@@ -203,16 +203,18 @@ export class Gemma4Assistant implements Disposable {
   step(inputs: MlxArray, kv: ReadonlyMap<LayerType, DrafterKv>, position: MlxArray): { hidden: MlxArray; normed: MlxArray } {
     const [B, N] = inputs.shape as [number, number];
     using s = new Scope();
-    let h = s.t(linear(this.preProjection, inputs));
+    const h = s.t(linear(this.preProjection, inputs));
     const c = this.consts;
-    for (const lw of this.layers) {
+    const layers = this.layers;
+    let x: Hidden = { h, n: s.t(mx.fast.rms_norm(h, layers[0]!.inputNorm, c.eps)) };
+    layers.forEach((lw, i) => {
       const k = kv.get(lw.spec.type);
       if (!k) throw new WeightsError(`Gemma4Assistant.step: no target K/V for ${lw.spec.type} layers`);
-      h = attentionShared(lw, h, k.mask, { view: k.view, offset: position }, B, N, c.eps, s);
-      h = lw.moe ? feedForwardMoe(lw, h, c, s) : feedForwardDense(lw, h, c.eps, s);
-      h = layerScale(lw, h, s);
-    }
-    const normed = mx.fast.rms_norm(h, this.norm, c.eps);
+      const a = attentionShared(lw, x, k.mask, { view: k.view, offset: position }, B, N, c.eps, s);
+      const ff = lw.moe ? feedForwardMoe(lw, a, c, s) : feedForwardDense(lw, a, s);
+      x = layerEnd(lw, a.h, ff, undefined, i + 1 < layers.length ? layers[i + 1]!.inputNorm : this.norm, c.eps, s);
+    });
+    const normed = x.n.retain();
     return { hidden: linear(this.postProjection, normed), normed };
   }
 

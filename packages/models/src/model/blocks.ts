@@ -7,7 +7,7 @@ import { type Cache, createCausalMask, type KvView, type Mask, plainCodec } from
 import type { LayerSpec } from "../config.ts";
 import { WeightsError } from "../errors.ts";
 import { geglu, logitSoftcap } from "./compiled.ts";
-import { type FusedLinear, linearParts } from "./fused-linear.ts";
+import { type FusedLinear, fusedLinear, linearParts } from "./fused-linear.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights, switchLinear } from "./nn.ts";
 import { Scope } from "./scope.ts";
 
@@ -67,6 +67,15 @@ export interface ModelConsts {
   topK: number;
 }
 
+/**
+ * A layer's input `h` and its input norm `n` (rms_norm(h, inputNorm)): the residual point before a
+ * block computes both, so that with exact norms on CUDA they come from one launch (residual()).
+ */
+export interface Hidden {
+  h: MlxArray;
+  n: MlxArray;
+}
+
 /** A KV-owning layer's products that its KV-sharing layers reuse. */
 export interface Shared {
   view: KvView;
@@ -122,52 +131,101 @@ function queries(lw: LayerWeights, q0: MlxArray, B: number, L: number, eps: numb
   return s.t(mx.fast.rms_norm(q1, lw.qNorm, eps));
 }
 
-function attendAndProject(lw: LayerWeights, x: MlxArray, q2: MlxArray, shared: Shared, mask: Mask, B: number, L: number, eps: number, s: Scope): MlxArray {
+const isBf16Vector = (a: MlxArray | null | undefined, n: number): boolean => !!a && a.dtype === "bfloat16" && a.ndim === 1 && a.shape[0] === n;
+
+/**
+ * The residual point `h + rms_norm(y, post)` (times `scale`, Gemma's layer scalar, where given)
+ * and, with `next`, that sum's norm by `next` (the next block's input norm). MLX's ops in that
+ * order; on CUDA with exact norms on (MLX_BUN_EXACT_NORMS=on), one launch of a kernel that keeps
+ * their bits (packages/mlx-ops/src/kernels/norm-exact.ts).
+ */
+export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, s: Scope, scale?: MlxArray): MlxArray;
+export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, s: Scope, scale: MlxArray | undefined, next: MlxArray): Hidden;
+export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, s: Scope, scale?: MlxArray, next?: MlxArray): MlxArray | Hidden {
+  const A = h.shape[h.ndim - 1]!;
+  if (
+    next &&
+    mx.kernels.exact_norms_enabled() &&
+    h.dtype === "bfloat16" &&
+    y.dtype === "bfloat16" &&
+    A <= mx.kernels.NORM_EXACT_MAX_AXIS &&
+    isBf16Vector(post, A) &&
+    isBf16Vector(next, A) &&
+    (!scale || (scale.dtype === "bfloat16" && scale.size === 1)) &&
+    h.shape.join() === y.shape.join()
+  ) {
+    const [hOut, n] = mx.kernels.residual_norm_exact(h, y, post, next, scale ?? null, eps);
+    return { h: s.t(hOut), n: s.t(n) };
+  }
+  const yN = s.t(mx.fast.rms_norm(y, post, eps));
+  const sum = s.t(mx.add(h, yN));
+  const out = scale ? s.t(mx.multiply(sum, scale)) : sum;
+  return next ? { h: out, n: s.t(mx.fast.rms_norm(out, next, eps)) } : out;
+}
+
+function attendAndProject(lw: LayerWeights, x: MlxArray, q2: MlxArray, shared: Shared, mask: Mask, B: number, L: number, eps: number, s: Scope): Hidden {
   const q3 = s.t(mx.transpose(q2, [0, 2, 1, 3]));
   const q4 = s.t(rope(lw, q3, shared.offset));
   const att = s.t(shared.view.attend(q4, 1.0, mask));
   const att1 = s.t(mx.transpose(att, [0, 2, 1, 3]));
   const att2 = s.t(mx.reshape(att1, [B, L, -1]));
   const o = s.t(linear(lw.o, att2));
-  const oN = s.t(mx.fast.rms_norm(o, lw.postAttnNorm, eps));
-  return s.t(mx.add(x, oN));
+  // The feed-forward's input norm is taken here, with the residual (one launch with exact norms).
+  return residual(x, o, lw.postAttnNorm, eps, s, undefined, lw.preFfNorm);
+}
+
+/**
+ * q, k, v after their norms, [B, L, heads, head_dim]: with exact norms on CUDA and a fused q/k/v
+ * matmul, its output normed in one launch; else each part reshaped and normed by MLX's ops.
+ */
+function queriesKeysValues(lw: LayerWeights, hIn: MlxArray, B: number, L: number, eps: number, s: Scope): [MlxArray, MlxArray, MlxArray] {
+  const spec = lw.spec;
+  const parts = lw.v ? [lw.q, lw.k!, lw.v] : [lw.q, lw.k!];
+  const D = spec.headDim;
+  if (mx.kernels.exact_norms_enabled() && isBf16Vector(lw.qNorm, D) && isBf16Vector(lw.kNorm, D) && D <= mx.kernels.NORM_EXACT_MAX_AXIS) {
+    const y = fusedLinear(lw.fused?.qkv, parts, hIn);
+    if (y && s.t(y).dtype === "bfloat16") {
+      const heads = { hq: spec.numHeads, hk: spec.numKvHeads, hv: lw.v ? spec.numKvHeads : 0, dim: D, eps };
+      const [q, k, v] = mx.kernels.qkv_norm_exact(y, lw.qNorm, lw.kNorm!, heads);
+      return [s.t(q), s.t(k), s.t(v)];
+    }
+  }
+  const [q0, k0, v0] = linearParts(lw.fused?.qkv, parts, hIn).map((a) => s.t(a));
+  const q2 = queries(lw, q0!, B, L, eps, s);
+  const k1 = s.t(mx.reshape(k0!, [B, L, spec.numKvHeads, D]));
+  const v1 = v0 ? s.t(mx.reshape(v0, [B, L, spec.numKvHeads, D])) : k1;
+  const k2 = s.t(mx.fast.rms_norm(k1, lw.kNorm!, eps));
+  const v2 = s.t(mx.fast.rms_norm(v1, null, eps));
+  return [q2, k2, v2];
 }
 
 /** Attention of a KV-owning layer: computes K/V, appends to its cache, attends. Returns h after the residual. */
 export function attentionOwn(
   lw: LayerWeights,
-  x: MlxArray,
+  x: Hidden,
   mask: Mask,
   cache: Cache | null,
   B: number,
   L: number,
   eps: number,
   s: Scope,
-): { h: MlxArray; shared: Shared } {
-  const spec = lw.spec;
-  const hIn = s.t(mx.fast.rms_norm(x, lw.inputNorm, eps));
-  const [q0, k0, v0] = linearParts(lw.fused?.qkv, lw.v ? [lw.q, lw.k!, lw.v] : [lw.q, lw.k!], hIn).map((a) => s.t(a));
-  const q2 = queries(lw, q0!, B, L, eps, s);
-  const k1 = s.t(mx.reshape(k0!, [B, L, spec.numKvHeads, spec.headDim]));
-  const v1 = v0 ? s.t(mx.reshape(v0, [B, L, spec.numKvHeads, spec.headDim])) : k1;
+): { h: Hidden; shared: Shared } {
+  const [q2, k2, v2] = queriesKeysValues(lw, x.n, B, L, eps, s);
   // mlx-lm passes mx.array(cache.offset): a scalar, or per-row positions of a batch.
   const offset = cache ? (cache.positions ? cache.positions() : MlxArray.scalar(cache.offset, "int32")) : 0;
-  const k2 = s.t(mx.fast.rms_norm(k1, lw.kNorm!, eps));
   const k3 = s.t(mx.transpose(k2, [0, 2, 1, 3]));
   const k4 = s.t(rope(lw, k3, offset));
-  const v2 = s.t(mx.fast.rms_norm(v1, null, eps));
   const v3 = s.t(mx.transpose(v2, [0, 2, 1, 3]));
   const view = cache ? cache.updateAndFetch(k4, v3) : plainCodec.view([k4.retain(), v3.retain()], L);
   const shared = { view, offset };
-  return { h: attendAndProject(lw, x, q2, shared, mask, B, L, eps, s), shared };
+  return { h: attendAndProject(lw, x.h, q2, shared, mask, B, L, eps, s), shared };
 }
 
 /** Attention of a KV-sharing layer: its own queries over the donor layer's view and positions. */
-export function attentionShared(lw: LayerWeights, x: MlxArray, mask: Mask, donor: Shared | undefined, B: number, L: number, eps: number, s: Scope): MlxArray {
+export function attentionShared(lw: LayerWeights, x: Hidden, mask: Mask, donor: Shared | undefined, B: number, L: number, eps: number, s: Scope): Hidden {
   if (!donor) throw new WeightsError(`Layer ${lw.spec.index} is a KV-shared layer but received no shared_kv`);
-  const hIn = s.t(mx.fast.rms_norm(x, lw.inputNorm, eps));
-  const q2 = queries(lw, s.t(linear(lw.q, hIn)), B, L, eps, s);
-  return attendAndProject(lw, x, q2, donor, mask, B, L, eps, s);
+  const q2 = queries(lw, s.t(linear(lw.q, x.n)), B, L, eps, s);
+  return attendAndProject(lw, x.h, q2, donor, mask, B, L, eps, s);
 }
 
 function mlp(lw: LayerWeights, x: MlxArray, s: Scope): MlxArray {
@@ -176,28 +234,38 @@ function mlp(lw: LayerWeights, x: MlxArray, s: Scope): MlxArray {
   return linear(lw.down, prod);
 }
 
-/** Dense feed-forward with its norms and residual. */
-export function feedForwardDense(lw: LayerWeights, h: MlxArray, eps: number, s: Scope): MlxArray {
-  const f0 = s.t(mx.fast.rms_norm(h, lw.preFfNorm, eps));
-  const ff = s.t(mlp(lw, f0, s));
-  const ffN = s.t(mx.fast.rms_norm(ff, lw.postFfNorm, eps));
-  return s.t(mx.add(h, ffN));
+/** The dense feed-forward's output before its post-norm, from `x.n` (rms_norm(h, preFfNorm)); layerEnd adds it. */
+export function feedForwardDense(lw: LayerWeights, x: Hidden, s: Scope): MlxArray {
+  return s.t(mlp(lw, x.n, s));
 }
 
-/** Dense MLP plus routed experts (the MoE block), with norms and residual. */
-export function feedForwardMoe(lw: LayerWeights, h: MlxArray, c: ModelConsts, s: Scope): MlxArray {
+/** Dense MLP plus routed experts (the MoE block), before the post-norm; `x.n` is rms_norm(h, preFfNorm). */
+export function feedForwardMoe(lw: LayerWeights, x: Hidden, c: ModelConsts, s: Scope): MlxArray {
   const m = lw.moe!;
   const eps = c.eps;
-  const h1a = s.t(mx.fast.rms_norm(h, lw.preFfNorm, eps));
-  const h1b = s.t(mlp(lw, h1a, s));
+  const h1b = s.t(mlp(lw, x.n, s));
   const h1 = s.t(mx.fast.rms_norm(h1b, m.postFf1, eps));
-  const [idx, w] = router(lw, h, c, s);
-  const h2a = s.t(mx.fast.rms_norm(h, m.preFf2, eps));
+  const [idx, w] = router(lw, x.h, c, s);
+  const h2a = s.t(mx.fast.rms_norm(x.h, m.preFf2, eps));
   const h2b = s.t(experts(lw, h2a, idx, w, s));
   const h2 = s.t(mx.fast.rms_norm(h2b, m.postFf2, eps));
-  const ff = s.t(mx.add(h1, h2));
-  const ffN = s.t(mx.fast.rms_norm(ff, lw.postFfNorm, eps));
-  return s.t(mx.add(h, ffN));
+  return s.t(mx.add(h1, h2));
+}
+
+/**
+ * The end of a layer after its feed-forward output `ff`: the post-norm and residual, the per-layer
+ * input gate where the model has one (2B/4B), the layer scalar, and `next`'s norm of the result
+ * (the next layer's input norm, or the final norm after the last layer).
+ */
+export function layerEnd(lw: LayerWeights, h: MlxArray, ff: MlxArray, perLayer: MlxArray | undefined, next: MlxArray, eps: number, s: Scope): Hidden {
+  if (!lw.ple || !perLayer) return residual(h, ff, lw.postFfNorm, eps, s, lw.layerScalar, next);
+  const h1 = residual(h, ff, lw.postFfNorm, eps, s);
+  const p = lw.ple;
+  const g0 = s.t(linear(p.gate, h1));
+  const g1 = s.t(mx.gelu_approx(g0));
+  const g2 = s.t(mx.multiply(g1, perLayer));
+  const g3 = s.t(linear(p.proj, g2));
+  return residual(h1, g3, p.norm, eps, s, lw.layerScalar, next);
 }
 
 /** Router: norm → scale → project → top-k → softmax → per-expert scale. */
@@ -249,25 +317,8 @@ function experts(lw: LayerWeights, x: MlxArray, routed: MlxArray, weights: MlxAr
   return m.reduce(s.t(mx.sum(wy, -2)));
 }
 
-/** Per-layer input gating (2B/4B models). */
-export function perLayerGate(lw: LayerWeights, h: MlxArray, input: MlxArray, eps: number, s: Scope): MlxArray {
-  const p = lw.ple!;
-  const g0 = s.t(linear(p.gate, h));
-  const g1 = s.t(mx.gelu_approx(g0));
-  const g2 = s.t(mx.multiply(g1, input));
-  const g3 = s.t(linear(p.proj, g2));
-  const g4 = s.t(mx.fast.rms_norm(g3, p.norm, eps));
-  return s.t(mx.add(h, g4));
-}
-
-/** h * layer_scalar. */
-export function layerScale(lw: LayerWeights, h: MlxArray, s: Scope): MlxArray {
-  return s.t(mx.multiply(h, lw.layerScalar));
-}
-
-/** Final norm, output head (tied: the embedding as a linear), soft-capping. The caller owns the logits. */
-export function finalLogits(m: ModelParts, c: ModelConsts, h: MlxArray, s: Scope): MlxArray {
-  const normed = s.t(mx.fast.rms_norm(h, m.norm, c.eps));
+/** Output head (tied: the embedding as a linear) and soft-capping of the final-normed state. The caller owns the logits. */
+export function finalLogits(m: ModelParts, c: ModelConsts, normed: MlxArray, s: Scope): MlxArray {
   const logits = m.tied ? embedAsLinear(m.embed, normed) : linear(m.lmHead, normed);
   if (c.softcap === null) return logits;
   s.t(logits);

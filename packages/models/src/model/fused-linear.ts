@@ -72,11 +72,17 @@ export function fuseLinears(parts: readonly ModuleWeights[], owned: MlxArray[], 
  * alone, so either way every output holds the same bits.
  */
 export function linearParts(group: FusedLinear | undefined, parts: readonly ModuleWeights[], x: MlxArray): MlxArray[] {
-  if (group && usable(group, parts, x) && fusedProjections() === "on") {
-    using y = linear(group.fused, x);
-    return mx.split(y, group.splits, -1);
+  const y = fusedLinear(group, parts, x);
+  if (y) {
+    using whole = y;
+    return mx.split(whole, group!.splits, -1);
   }
   return parts.map((p) => linear(p, x));
+}
+
+/** The fused matmul's whole output (the parts' outputs side by side) where `linearParts` would fuse, else null. */
+export function fusedLinear(group: FusedLinear | undefined, parts: readonly ModuleWeights[], x: MlxArray): MlxArray | null {
+  return group && usable(group, parts, x) && fusedProjections() === "on" ? linear(group.fused, x) : null;
 }
 
 function usable(g: FusedLinear, parts: readonly ModuleWeights[], x: MlxArray): boolean {

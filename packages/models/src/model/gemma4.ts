@@ -16,12 +16,12 @@ import {
   feedForwardDense,
   feedForwardMoe,
   finalLogits,
+  type Hidden,
+  layerEnd,
   type LayerWeights,
   layerMask,
-  layerScale,
   type ModelConsts,
   type ModelParts,
-  perLayerGate,
   perLayerInput,
   releaseShared,
   type Shared,
@@ -169,7 +169,7 @@ export class Gemma4Model implements Disposable {
    */
   forward(ids: MlxArray, caches: Cache[] | null = null, inputs?: ForwardInputs): MlxArray {
     using s = new Scope();
-    return finalLogits(this.parts, this.consts, this.#layers(ids, caches, s, inputs), s);
+    return finalLogits(this.parts, this.consts, this.#layers(ids, caches, s, inputs).n, s);
   }
 
   /**
@@ -179,8 +179,8 @@ export class Gemma4Model implements Disposable {
    */
   forwardHidden(ids: MlxArray, caches: Cache[] | null = null): { hidden: MlxArray; logits: MlxArray } {
     using s = new Scope();
-    const h = this.#layers(ids, caches, s);
-    const logits = finalLogits(this.parts, this.consts, h, s);
+    const { h, n } = this.#layers(ids, caches, s);
+    const logits = finalLogits(this.parts, this.consts, n, s);
     return { hidden: h.retain(), logits };
   }
 
@@ -195,15 +195,15 @@ export class Gemma4Model implements Disposable {
     return mx.multiply(e, this.consts.hiddenSize ** 0.5);
   }
 
-  /** The layers of the forward pass; returns h before the final norm (tracked by `s`). */
-  #layers(ids: MlxArray, caches: Cache[] | null, s: Scope, inputs?: ForwardInputs): MlxArray {
+  /** The layers of the forward pass; returns h before the final norm and its final norm (tracked by `s`). */
+  #layers(ids: MlxArray, caches: Cache[] | null, s: Scope, inputs?: ForwardInputs): Hidden {
     if (ids.ndim !== 2) throw new WeightsError(`Gemma4Model.forward: ids must be [B, L], got ${ids.describe()}`);
     if (caches && caches.length !== this.firstShared) {
       throw new WeightsError(`Gemma4Model.forward: ${caches.length} caches given, the model needs ${this.firstShared}`);
     }
     const c = this.consts;
     const [B, N] = ids.shape as [number, number];
-    let { h, perLayer } = embedInputs(this.parts, c, ids, s, inputs?.embedded);
+    const { h: embedded, perLayer } = embedInputs(this.parts, c, ids, s, inputs?.embedded);
     const masks = new Map<LayerType, Mask>();
     for (const spec of this.specs) {
       if (masks.has(spec.type)) continue;
@@ -215,23 +215,26 @@ export class Gemma4Model implements Disposable {
       masks.set(spec.type, layerMask(caches && spec.index < this.firstShared ? caches[spec.index]! : null, N, spec.window, s));
     }
     const shared: (Shared | undefined)[] = new Array(this.specs.length);
+    const layers = this.parts.layers;
+    let x: Hidden = { h: embedded, n: s.t(mx.fast.rms_norm(embedded, layers[0]!.inputNorm, c.eps)) };
     try {
-      for (const lw of this.parts.layers) {
+      layers.forEach((lw, i) => {
         const spec = lw.spec;
         const mask = masks.get(spec.type)!;
+        let a: Hidden;
         if (spec.hasKv) {
-          const r = attentionOwn(lw, h, mask, caches ? caches[spec.index]! : null, B, N, c.eps, s);
-          h = r.h;
+          const r = attentionOwn(lw, x, mask, caches ? caches[spec.index]! : null, B, N, c.eps, s);
+          a = r.h;
           shared[spec.index] = r.shared;
-        } else h = attentionShared(lw, h, mask, shared[spec.kvSource], B, N, c.eps, s);
-        h = lw.moe ? feedForwardMoe(lw, h, c, s) : feedForwardDense(lw, h, c.eps, s);
-        if (lw.ple && perLayer) h = perLayerGate(lw, h, perLayerInput(perLayer, spec.index, s), c.eps, s);
-        h = layerScale(lw, h, s);
-      }
+        } else a = attentionShared(lw, x, mask, shared[spec.kvSource], B, N, c.eps, s);
+        const ff = lw.moe ? feedForwardMoe(lw, a, c, s) : feedForwardDense(lw, a, s);
+        const next = i + 1 < layers.length ? layers[i + 1]!.inputNorm : this.parts.norm;
+        x = layerEnd(lw, a.h, ff, perLayer && lw.ple ? perLayerInput(perLayer, spec.index, s) : undefined, next, c.eps, s);
+      });
     } finally {
       releaseShared(shared);
     }
-    return h;
+    return x;
   }
 
   /** q/k/v and gate/up of each layer as one quantized matmul at decode (fused-linear.ts); the tensors map gets the row views. */

@@ -1,0 +1,154 @@
+// The fused exact norms (mlxb_qkv_norm_exact, mlxb_residual_norm_exact): their CUDA bodies emulated
+// on this CPU against a model of MLX's CUDA RMSNorm written from its SASS
+// (tools/kernels/check_cuda_kernels.py, zero tolerance), a mutation the model must catch, MLX's
+// partition of a row, bad inputs refused, and, where CUDA is live, bit equality with MLX's own ops.
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { afterAll, describe, expect, test } from "vitest";
+import { type MlxArray, Stream } from "@mlx-bun/mlx-ffi";
+import { oraclePython } from "../../../tools/oracle/oracle.ts";
+import { add, astype, multiply } from "../src/elementwise.ts";
+import { fast } from "../src/fast.ts";
+import { gpu_backend } from "../src/kernels/kernel.ts";
+import { norm_partition, qkv_norm_exact, residual_norm_exact, set_exact_norms, exact_norms_enabled } from "../src/kernels/norm-exact.ts";
+import { reshape, slice } from "../src/shape.ts";
+import { expectExact, randn } from "./seeded-inputs.ts";
+
+const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
+const NAMES = "mlxb_qkv_norm_exact,mlxb_residual_norm_exact";
+
+function check(sources: string): { code: number; out: string; stderr: string } {
+  const r = Bun.spawnSync([oraclePython(), join(ROOT, "tools/kernels/check_cuda_kernels.py"), sources, "--emulate", "--only", NAMES], {
+    cwd: ROOT,
+    stdout: "pipe",
+    stderr: "pipe",
+  });
+  return { code: r.exitCode ?? -1, out: r.stdout.toString(), stderr: r.stderr.toString().slice(-2000) };
+}
+
+describe("fused exact norms", () => {
+  const dir = mkdtempSync(join(tmpdir(), "mlxb-norm-exact-"));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const sources = join(dir, "kernel-sources.json");
+
+  test.runIf(process.platform === "linux")(
+    "the CUDA bodies, emulated, equal the model of MLX's CUDA RMSNorm bit for bit; a fused output rounding does not",
+    () => {
+      const exp = Bun.spawnSync([process.execPath, join(ROOT, "tools/kernels/export-sources.ts"), sources], { cwd: ROOT, stderr: "pipe" });
+      expect(exp.exitCode, exp.stderr.toString()).toBe(0);
+      const r = check(sources);
+      const bad = r.out.split("\n").filter((l) => l.length > 0 && !/outside tolerance 0$/.test(l) && !l.startsWith("RESULT PASS"));
+      expect({ code: r.code, bad, stderr: r.stderr }).toEqual({ code: 0, bad: [], stderr: r.stderr });
+      expect(r.out).toMatch(/RESULT PASS \(28 comparisons\)/);
+      // MLX rounds x·r to bf16 before the weight multiply; one rounding of x·r·w must fail the model.
+      const specs = JSON.parse(readFileSync(sources, "utf8")) as { name: string; cuda: { header: string } }[];
+      const mutated = specs
+        .filter((s) => NAMES.split(",").includes(s.name))
+        .map((s) => {
+          const header = s.cuda.header.replace(
+            "return w ? __hmul_rn(w[e], y) : y;",
+            "return w ? __float2bfloat16_rn(__bfloat162float(x) * r * __bfloat162float(w[e])) : y;",
+          );
+          expect(header).not.toBe(s.cuda.header);
+          return { ...s, cuda: { ...s.cuda, header } };
+        });
+      const mutatedPath = join(dir, "mutated.json");
+      writeFileSync(mutatedPath, JSON.stringify(mutated));
+      const m = check(mutatedPath);
+      expect(m.code).toBe(1);
+      expect(m.out).toMatch(/RESULT FAIL/);
+    },
+    300_000,
+  );
+
+  test("MLX's partition of a row (rms_norm.cu dispatch_num_chunks, bf16)", () => {
+    expect(norm_partition(256)).toEqual({ block: 64, chunks: 1 });
+    expect(norm_partition(512)).toEqual({ block: 64, chunks: 1 });
+    expect(norm_partition(3840)).toEqual({ block: 128, chunks: 4 });
+    expect(norm_partition(1152)).toEqual({ block: 128, chunks: 2 });
+    expect(norm_partition(1536)).toEqual({ block: 64, chunks: 3 });
+    expect(norm_partition(4096)).toEqual({ block: 128, chunks: 4 });
+    expect(norm_partition(8192)).toEqual({ block: 128, chunks: 8 });
+  });
+
+  test("bad inputs are refused before any path runs, naming the kernel and what is wrong", () => {
+    using x = randn([1, 1, 4 * 64], 1, "bfloat16");
+    using w = randn([64], 2, "bfloat16");
+    using wf = astype(w, "float32");
+    const heads = { hq: 2, hk: 1, hv: 1, dim: 64, eps: 1e-6 };
+    expect(() => qkv_norm_exact(x, wf, w, heads)).toThrow(/^kernel mlxb_qkv_norm_exact\(.*\): q and k norm weights must be \[64\] bfloat16/);
+    expect(() => qkv_norm_exact(x, w, w, { ...heads, hq: 3 })).toThrow(/x .* must end in 320 = \(3 \+ 1 \+ 1\) heads × 64/);
+    expect(() => qkv_norm_exact(x, w, w, { ...heads, hv: 2 })).toThrow(/hv = 2 must be 0 \(v is k\) or hk = 1/);
+    using h = randn([1, 64], 3, "bfloat16");
+    using y = randn([1, 32], 4, "bfloat16");
+    expect(() => residual_norm_exact(h, y, w, w, null, 1e-6)).toThrow(/^kernel mlxb_residual_norm_exact\(.*\): h .* and y .* must have one shape$/);
+    using s2 = randn([2], 5, "bfloat16");
+    expect(() => residual_norm_exact(h, h, w, w, s2, 1e-6)).toThrow(/scale must be one bfloat16 value/);
+    expect(() => set_exact_norms("maybe" as "on")).toThrow(/expected "on", "off" or "always"/);
+  });
+
+  test("the setting: off by default, on only where CUDA runs, always everywhere", () => {
+    const old = process.env.MLX_BUN_EXACT_NORMS;
+    try {
+      delete process.env.MLX_BUN_EXACT_NORMS;
+      set_exact_norms(undefined);
+      expect(exact_norms_enabled()).toBe(false);
+      set_exact_norms("on");
+      expect(exact_norms_enabled()).toBe(gpu_backend() === "cuda");
+      set_exact_norms("always");
+      expect(exact_norms_enabled()).toBe(true);
+      set_exact_norms(undefined);
+      process.env.MLX_BUN_EXACT_NORMS = "sometimes";
+      expect(() => exact_norms_enabled()).toThrow(/MLX_BUN_EXACT_NORMS=sometimes: expected on, off or always/);
+    } finally {
+      if (old === undefined) delete process.env.MLX_BUN_EXACT_NORMS;
+      else process.env.MLX_BUN_EXACT_NORMS = old;
+      set_exact_norms(undefined);
+    }
+  });
+
+  test.skipIf(gpu_backend() !== "cuda")("on CUDA: equal to MLX's rms_norm / add / multiply bit for bit", () => {
+    using gpu = Stream.default("gpu");
+    const eps = 1e-6;
+    for (const [hq, hk, hv, dim] of [
+      [16, 8, 8, 256],
+      [32, 4, 0, 512],
+    ] as const) {
+      using x = randn([1, 1, (hq + hk + hv) * dim], hq + dim, "bfloat16");
+      using qw = randn([dim], 7, "bfloat16");
+      using kw = randn([dim], 8, "bfloat16");
+      const outs = qkv_norm_exact(x, qw, kw, { hq, hk, hv, dim, eps }, gpu);
+      const part = (start: number, n: number): MlxArray => {
+        using v = slice(x, [0, 0, start * dim], [1, 1, (start + n) * dim]);
+        return reshape(v, [1, 1, n, dim]);
+      };
+      using q0 = part(0, hq);
+      using k0 = part(hq, hk);
+      using v0 = part(hv ? hq + hk : hq, hk);
+      const refs = [fast.rms_norm(q0, qw, eps, gpu), fast.rms_norm(k0, kw, eps, gpu), fast.rms_norm(v0, null, eps, gpu)];
+      try {
+        outs.forEach((o, i) => expectExact(o, refs[i]!, `qkv ${hq}/${hk}/${hv} × ${dim} output ${i}`));
+      } finally {
+        for (const a of [...outs, ...refs]) a.dispose();
+      }
+    }
+    for (const a of [3840, 1152, 5376]) {
+      using h = randn([1, 1, a], a, "bfloat16");
+      using y = randn([1, 1, a], a + 1, "bfloat16");
+      using pw = randn([a], a + 2, "bfloat16");
+      using nw = randn([a], a + 3, "bfloat16");
+      using sc = randn([1], a + 4, "bfloat16");
+      const [hOut, n] = residual_norm_exact(h, y, pw, nw, sc, eps, gpu);
+      using hO = hOut;
+      using nO = n;
+      using yn = fast.rms_norm(y, pw, eps, gpu);
+      using sum = add(h, yn, gpu);
+      using scaled = multiply(sum, sc, gpu);
+      using ref = fast.rms_norm(scaled, nw, eps, gpu);
+      expectExact(hO, scaled, `residual ${a} sum`);
+      expectExact(nO, ref, `residual ${a} norm`);
+    }
+  });
+});

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The fused exact norms (packages/mlx-ops/src/kernels/norm-exact.ts) on a CUDA device, run as THEN=
+# of run-h200.sh (which unpacks MLX's CUDA build):
+#   NO_COMPARE=1 SIZE=mini OUT=$OUT THEN='bash tools/bench/device/norms-h200.sh' bash tools/bench/device/run-h200.sh
+# Steps (STEPS, default all, each skipped when DEADLINE seconds would be passed):
+#   check     check_cuda_kernels.py --only the two norm kernels: NVRTC, then bit equality with MLX's
+#             rms_norm / add / multiply on the GPU
+#   norms     qmv-decode.ts --ab exact-norms on the 12B-shaped model: teacher-forced KL and max
+#             |Δ logprob| of MLX_BUN_EXACT_NORMS=on against MLX's norms, then tok/s of both and mlx-lm
+#   all       the same with both exact kernels (norms and the exact-order matvec): --ab exact-all
+#   graphs    graph-sweep.sh over SETTINGS with what time is left
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+cd "$root"
+OUT="${OUT:-/tmp/h200-out}"
+mkdir -p "$OUT"
+PY="${MLX_BUN_PYTHON:-python3}"
+B=.native/bin/bun
+M12="${M12:-.native/bench-models/gemma4-12b-4bit}"
+STEPS="${STEPS:-check norms all graphs}"
+DEADLINE="${DEADLINE:-480}"
+log() { echo "[norms-h200 +${SECONDS}s] $*"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+left() { echo $((DEADLINE - SECONDS)); }
+
+if has check; then
+  $B tools/kernels/export-sources.ts /tmp/kernel-sources.json >/dev/null || exit 1
+  log "check_cuda_kernels.py (norm kernels)"
+  timeout 150 "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json --only mlxb_qkv_norm_exact,mlxb_residual_norm_exact 2>&1 | tee "$OUT/norms-check.log" | tail -32
+fi
+if { has norms || has all || has graphs; } && [ ! -f "$M12/config.json" ]; then
+  log "writing the 12B-shaped checkpoint"
+  "$PY" tools/bench/device/make_12b_model.py --out "$M12" --rng mlx 2>&1 | tail -1 || { log "checkpoint failed"; exit 1; }
+fi
+for ab in norms all; do
+  has "$ab" || continue
+  [ "$(left)" -lt 120 ] && { log "SKIP $ab ($(left)s left)"; continue; }
+  log "qmv-decode.ts --ab exact-$ab"
+  timeout $(($(left) - 20)) $B tools/bench/device/qmv-decode.ts --model "$M12" --python "$PY" --ab "exact-$ab" \
+    --reps "${REPS:-3}" --decode-tokens "${TOKENS:-128}" --kl-steps "${KL_STEPS:-16}" --json "$OUT/exact-$ab-12b.json" 2>&1 | tail -8
+done
+if has graphs && [ "$(left)" -ge 120 ]; then
+  DEADLINE=$(left) SETTINGS="${SETTINGS:-MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=200}" bash tools/bench/device/graph-sweep.sh
+fi
+log "done"
