@@ -15,6 +15,8 @@ of tools/kernels/cuda_emu.h (threads as std::threads, warp shuffles through a ba
 it on the CPU: it checks a body's arithmetic, indexing and control flow where there is no GPU,
 not NVRTC's acceptance of it nor its speed.
 """
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import math
@@ -597,8 +599,98 @@ def eps_bits(eps):
     return int(np.array([eps], np.float32).view(np.int32)[0])
 
 
+LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
+for _f in ("cosf", "sinf", "exp2f"):
+    getattr(LIBM, _f).restype = ctypes.c_float
+    getattr(LIBM, _f).argtypes = [ctypes.c_float]
+
+
+def f32_fma(a, b, c):
+    """fma in float32 through float64 (a bf16 times a float32 is exact there; the sum is for these inputs)."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def mlx_cuda_rope_model(x, dims, base, freqs, scale, offset):
+    """rope_single / rope_single_freqs<bf16, false, true> on x mx bf16 [..., D] (one position), as read
+    from their SASS: IEEE p / half, exp2f(-(d·log2 base)) or 1/freq, theta = (scale·offset)·inv,
+    cosf, sinf, x2's product rounded, x1's fused; the C library's cosf/sinf/exp2f stand in for CUDA's."""
+    half = dims // 2
+    xs = np.array(x.astype(mx.float32))
+    pos = np.float32(scale) * np.float32(offset)
+    log2b = np.float32(math.log2(np.float32(base))) if base is not None else None
+    fr = None if freqs is None else np.array(freqs)
+    c, s_ = np.zeros(half, np.float32), np.zeros(half, np.float32)
+    for p in range(half):
+        if base is not None:
+            d = np.float32(p) / np.float32(half)
+            inv = np.float32(LIBM.exp2f(float(-(d * log2b))))
+        else:
+            inv = np.float32(1) / np.float32(fr[p])
+        theta = np.float32(pos * inv)
+        c[p], s_[p] = LIBM.cosf(float(theta)), LIBM.sinf(float(theta))
+    x1, x2 = xs[..., :half], xs[..., half:dims]
+    out = xs.copy()
+    out[..., :half] = f32_fma(x1, c, -(x2 * s_))
+    out[..., half:dims] = f32_fma(x1, s_, x2 * c)
+    return mx.array(out).astype(mx.bfloat16)
+
+
 def bf16(a):
     return mx.array(a).astype(mx.bfloat16)
+
+
+# (hq, hk, hv, dim, rope dims, base or None for freqs, scale, offset): the 12B's sliding layers (θ 10⁴)
+# and full layers (proportional: freqs, a quarter rotated, the rest inf), partial rotation, a scale.
+QKV_ROPE_SHAPES = [(16, 8, 8, 256, 256, 10000.0, 1.0, 37), (32, 4, 0, 512, 512, None, 1.0, 1234), (4, 2, 2, 128, 64, 1e6, 0.5, 5)]
+
+
+def proportional_freqs(dims, base=1e6, rotated_fraction=0.25):
+    rot = int(dims * rotated_fraction) // 2 * 2
+    exps = np.arange(0, rot, 2, dtype=np.float32) / np.float32(dims)
+    f = np.full(dims // 2, np.inf, np.float32)
+    f[: rot // 2] = np.float32(base) ** exps
+    return mx.array(f)
+
+
+def qkv_rope_cases():
+    for i, (hq, hk, hv, dim, rd, base, scale, offset) in enumerate(QKV_ROPE_SHAPES):
+        mx.random.seed(350 + i)
+        x = (mx.random.normal((1, 1, (hq + hk + hv) * dim)) * 3).astype(mx.bfloat16)
+        qw = (1 + 0.5 * mx.random.normal((dim,))).astype(mx.bfloat16)
+        kw = (1 + 0.5 * mx.random.normal((dim,))).astype(mx.bfloat16)
+        off = mx.array([offset], dtype=mx.int32)
+        freqs = proportional_freqs(rd) if base is None else None
+        block, chunks = mlx_norm_partition(dim)
+        log2b = float(np.float32(math.log2(np.float32(base)))) if base is not None else 1.0
+        launch = dict(inputs=[x, qw, kw, off, freqs if freqs is not None else qw],
+                      output_shapes=[(1, hq, 1, dim), (1, hk, 1, dim), (1, hk, 1, dim)],
+                      output_dtypes=[mx.bfloat16] * 3, grid=((hq + 2 * hk) * block, 1, 1), threadgroup=(block, 1, 1),
+                      template=[("HQ", hq), ("HK", hk), ("HV", hv), ("A", dim), ("BLOCK", block), ("CHUNKS", chunks),
+                                ("EPS_BITS", eps_bits(NORM_EPS)), ("ROPE", 1 if base is not None else 2), ("RD", rd),
+                                ("SCALE_BITS", eps_bits(scale)), ("BASE_BITS", eps_bits(log2b))])
+        parts = mx.split(x, [hq * dim, (hq + hk) * dim], axis=-1)
+        q0 = parts[0].reshape(1, 1, hq, dim)
+        k0 = parts[1].reshape(1, 1, hk, dim)
+        v0 = (parts[2] if hv else parts[1]).reshape(1, 1, hk, dim)
+        label = f"heads {hq}/{hk}/{hv or 'k'} dim {dim} rope {rd} {'base ' + str(base) if base else 'freqs'} scale {scale} at {offset}"
+        yield label, launch, ((q0, qw), (k0, kw), (v0, None)), (rd, base, freqs, scale, off)
+
+
+def check_qkv_rope(k, emulate):
+    ok = True
+    for label, launch, parts, (rd, base, freqs, scale, off) in qkv_rope_cases():
+        outs = k(**launch)
+        for i, (name, out, (x, w)) in enumerate(zip("qkv", outs, parts)):
+            if emulate:
+                n = mlx_cuda_rms_model(x, w, NORM_EPS).transpose(0, 2, 1, 3)
+                ref = n if i == 2 else mlx_cuda_rope_model(n, rd, base, freqs, scale, int(off.item()))
+                how = "MLX CUDA model"
+            else:
+                n = mx.fast.rms_norm(x, w, NORM_EPS).transpose(0, 2, 1, 3)
+                ref = n if i == 2 else mx.fast.rope(n, rd, traditional=False, base=base, scale=scale, offset=off, freqs=freqs)
+                how = "MLX's rms_norm and rope, bit for bit"
+            ok = compare(f"mlxb_qkv_norm_exact {label} {name} ({how})", out, ref, 0, 0) and ok
+    return ok
 
 
 # (lead, hq, hk, hv, dim): the 12B's sliding (16/8/8 × 256) and full (k = v, 512) layers, small ones.
@@ -617,10 +709,11 @@ def qkv_norm_cases():
         kw = (1 + 0.5 * mx.random.normal((dim,))).astype(mx.bfloat16)
         block, chunks = mlx_norm_partition(dim)
         rows = math.prod(lead)
-        launch = dict(inputs=[x, qw, kw], output_shapes=[(*lead, hq, dim), (*lead, hk, dim), (*lead, hk, dim)],
+        launch = dict(inputs=[x, qw, kw, qw, qw], output_shapes=[(*lead, hq, dim), (*lead, hk, dim), (*lead, hk, dim)],
                       output_dtypes=[mx.bfloat16] * 3, grid=(rows * (hq + 2 * hk) * block, 1, 1), threadgroup=(block, 1, 1),
                       template=[("HQ", hq), ("HK", hk), ("HV", hv), ("A", dim), ("BLOCK", block), ("CHUNKS", chunks),
-                                ("EPS_BITS", eps_bits(NORM_EPS))])
+                                ("EPS_BITS", eps_bits(NORM_EPS)), ("ROPE", 0), ("RD", 2), ("SCALE_BITS", eps_bits(1.0)),
+                                ("BASE_BITS", eps_bits(1.0))])
         parts = mx.split(x, [hq * dim, (hq + hk) * dim], axis=-1)
         q0 = parts[0].reshape(*lead, hq, dim)
         k0 = parts[1].reshape(*lead, hk, dim)
@@ -654,7 +747,7 @@ def check_qkv_norm(k, emulate):
             else:
                 ref, how = mx.fast.rms_norm(x, w, NORM_EPS), "MLX's rms_norm, bit for bit"
             ok = compare(f"mlxb_qkv_norm_exact {label} {name} ({how})", out, ref, 0, 0) and ok
-    return ok
+    return check_qkv_rope(k, emulate) and ok
 
 
 def check_residual_norm(k, emulate):

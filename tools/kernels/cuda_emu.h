@@ -233,6 +233,13 @@ inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 // MUFU.RSQ is an approximation the emulator cannot reproduce: 1/sqrt in float32 stands in, as in
 // the checker's models, and a GPU run decides equality with MLX.
 inline float rsqrtf(float a) { return 1.0f / std::sqrt(a); }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// cosf / sinf / exp2f: the C library's (CUDA's differ in the last bits; the checker's model calls
+// the same C functions, and a GPU run decides equality with MLX).
+using ::cosf;
+using ::exp2f;
+using ::sinf;
 using ::expf;
 using ::tanhf;
 

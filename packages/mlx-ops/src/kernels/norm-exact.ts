@@ -10,7 +10,7 @@
 import type { MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { add, multiply } from "../elementwise.ts";
 import { fast } from "../fast.ts";
-import { reshape, slice } from "../shape.ts";
+import { reshape, slice, transpose } from "../shape.ts";
 import { custom_kernel, inputsKey, kernel_environment, select_kernel_path } from "./kernel.ts";
 
 /** Rows longer than this run MLX's looped `rms_norm` kernel, whose partition these do not model. */
@@ -23,13 +23,6 @@ export function norm_partition(axis: number): { block: number; chunks: number } 
   if (nvec % 128 === 0 && nvec / 128 <= 8) return { block: 128, chunks: nvec / 128 };
   if (nvec % 64 === 0 && nvec / 64 <= 8) return { block: 64, chunks: nvec / 64 };
   return { block: 128, chunks: Math.min(8, Math.ceil(nvec / 128)) };
-}
-
-/** eps as MLX holds it (a float32), by its bits: template arguments are integers. */
-function epsBits(eps: number): number {
-  const b = new DataView(new ArrayBuffer(4));
-  b.setFloat32(0, eps);
-  return b.getInt32(0);
 }
 
 const HEADER_CUDA = `
@@ -68,6 +61,22 @@ __device__ __forceinline__ float mlxb_norm_rscale(const __nv_bfloat16 (&v)[CHUNK
   }
   return rsqrtf(__fadd_rn(__fdiv_rn(acc, (float)A), eps));
 }
+// MLX's rope_single / rope_single_freqs (non-traditional, forward) for element i of a normed row,
+// as read from their sm_90a SASS (docs/custom-kernels.md): IEEE d = p / HALF, exp2f(-(d·log2 base))
+// or the correctly rounded 1/freq, theta = (scale·offset)·inv, cosf and sinf (not sincosf, whose
+// zero signs differ), and each output with the x2 product rounded first and the x1 product fused.
+template <int RD, int ROPE, typename F>
+__device__ __forceinline__ __nv_bfloat16 mlxb_rope_one(const __nv_bfloat16* row, int i, float pos, float log2_base, const F* freqs) {
+  constexpr int HALF = RD / 2;
+  const int p = i < HALF ? i : i - HALF;
+  const float inv = ROPE == 1 ? exp2f(-__fmul_rn(__fdiv_rn((float)p, (float)HALF), log2_base)) : __frcp_rn((float)freqs[p]);
+  const float theta = __fmul_rn(pos, inv);
+  const float c = cosf(theta);
+  const float s = sinf(theta);
+  const float x1 = __bfloat162float(row[p]);
+  const float x2 = __bfloat162float(row[p + HALF]);
+  return __float2bfloat16_rn(i < HALF ? __fmaf_rn(x1, c, -__fmul_rn(x2, s)) : __fmaf_rn(x1, s, __fmul_rn(x2, c)));
+}
 // One output: bf16(x·r), then times the weight in bf16 (no weight: MLX multiplies by 1).
 __device__ __forceinline__ __nv_bfloat16 mlxb_norm_out(__nv_bfloat16 x, float r, const __nv_bfloat16* w, int e) {
   const __nv_bfloat16 y = __float2bfloat16_rn(__bfloat162float(x) * r);
@@ -93,6 +102,29 @@ const QKV_CUDA = `
   __nv_bfloat16 vals[CHUNKS][8];
   mlxb_norm_load<BLOCK, CHUNKS, A>(src, vals);
   const float r = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, __uint_as_float((unsigned)EPS_BITS), tmp);
+  if (ROPE != 0 && h < HQ + HK) {
+    // q and k: the normed row through shared memory (a rotation pairs values of other threads).
+    __shared__ __nv_bfloat16 row_n[A];
+#pragma unroll
+    for (int i = 0; i < CHUNKS; ++i) {
+      const int e = (BLOCK * i + (int)threadIdx.x) * 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) if (e + j < A) row_n[e + j] = mlxb_norm_out(vals[i][j], r, w, e + j);
+    }
+    __syncthreads();
+    const float pos = __fmul_rn(__uint_as_float((unsigned)SCALE_BITS), (float)offset[0]);
+    const float log2_base = __uint_as_float((unsigned)BASE_BITS);
+#pragma unroll
+    for (int i = 0; i < CHUNKS; ++i) {
+      const int e = (BLOCK * i + (int)threadIdx.x) * 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int c = e + j;
+        if (c < A) dst[c] = c < RD ? mlxb_rope_one<RD, ROPE>(row_n, c, pos, log2_base, freqs) : row_n[c];
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < CHUNKS; ++i) {
     const int e = (BLOCK * i + (int)threadIdx.x) * 8;
@@ -138,11 +170,23 @@ export interface QkvHeads {
   hv: number;
   dim: number;
   eps: number;
+  /**
+   * RoPE on q and k after their norms (mx.fast.rope, non-traditional, one position: x is a single
+   * row): `dims` rotated, `base` or float32 `freqs` input, `scale`. Outputs are then [1, heads, 1, dim].
+   */
+  rope?: { dims: number; base: number | null; scale: number };
+}
+
+/** float32 bits of a number (template arguments are integers). */
+function f32Bits(v: number): number {
+  const b = new DataView(new ArrayBuffer(4));
+  b.setFloat32(0, v);
+  return b.getInt32(0);
 }
 
 const isVector = (a: MlxArray, n: number): boolean => a.dtype === "bfloat16" && a.ndim === 1 && a.shape[0] === n;
 
-function qkvCheck([x, qw, kw]: readonly MlxArray[], p: QkvHeads): string | null {
+function qkvCheck([x, qw, kw, offset, freqs]: readonly MlxArray[], p: QkvHeads): string | null {
   const { hq, hk, hv, dim } = p;
   for (const [name, v] of Object.entries({ hq, hk, dim })) if (!Number.isInteger(v) || v < 1) return `${name} = ${v} must be a positive integer`;
   if (hv !== 0 && hv !== hk) return `hv = ${hv} must be 0 (v is k) or hk = ${hk}`;
@@ -151,10 +195,19 @@ function qkvCheck([x, qw, kw]: readonly MlxArray[], p: QkvHeads): string | null 
   const width = (hq + hk + hv) * dim;
   if (x!.ndim < 1 || x!.shape.at(-1) !== width) return `x ${x!.describe()} must end in ${width} = (${hq} + ${hk} + ${hv}) heads × ${dim}`;
   if (!isVector(qw!, dim) || !isVector(kw!, dim)) return `q and k norm weights must be [${dim}] bfloat16, got ${qw!.describe()} and ${kw!.describe()}`;
+  const r = p.rope;
+  if (r) {
+    if (x!.size !== x!.shape.at(-1)) return `RoPE needs one row of x (one position), got ${x!.describe()}`;
+    if (!Number.isInteger(r.dims) || r.dims < 2 || r.dims % 2 !== 0 || r.dims > dim) return `rope dims ${r.dims} must be even and at most ${dim}`;
+    if (offset!.dtype !== "int32" || offset!.size !== 1) return `offset must be one int32, got ${offset!.describe()}`;
+    if (r.base === null && (freqs!.dtype !== "float32" || freqs!.ndim !== 1 || freqs!.shape[0] !== r.dims / 2))
+      return `freqs must be [${r.dims / 2}] float32, got ${freqs!.describe()}`;
+    if (!(r.scale > 0) || (r.base !== null && !(r.base > 0))) return `rope scale ${r.scale} and base ${r.base} must be positive`;
+  }
   return null;
 }
 
-function qkvReference([x, qw, kw]: readonly MlxArray[], p: QkvHeads, s?: Stream): MlxArray[] {
+function qkvReference([x, qw, kw, offset, freqs]: readonly MlxArray[], p: QkvHeads, s?: Stream): MlxArray[] {
   const lead = x!.shape.slice(0, -1);
   const { hq, hk, hv, dim, eps } = p;
   const part = (start: number, heads: number): MlxArray => {
@@ -164,20 +217,31 @@ function qkvReference([x, qw, kw]: readonly MlxArray[], p: QkvHeads, s?: Stream)
   using q0 = part(0, hq);
   using k0 = part(hq, hk);
   using v0 = part(hv ? hq + hk : hq, hk);
-  return [fast.rms_norm(q0, qw!, eps, s), fast.rms_norm(k0, kw!, eps, s), fast.rms_norm(v0, null, eps, s)];
+  const normed = [fast.rms_norm(q0, qw!, eps, s), fast.rms_norm(k0, kw!, eps, s), fast.rms_norm(v0, null, eps, s)];
+  const r = p.rope;
+  if (!r) return normed;
+  // The model's order: transpose to [B, heads, L, dim], then RoPE on q and k.
+  return normed.map((a, i) => {
+    using t = a;
+    const heads = transpose(t, [0, 2, 1, 3], s);
+    if (i === 2) return heads;
+    using hd = heads;
+    const opts = r.base === null ? { freqs: freqs!, scale: r.scale, offset: offset! } : { base: r.base, scale: r.scale, offset: offset! };
+    return fast.rope(hd, r.dims, { traditional: false, ...opts, stream: s });
+  });
 }
 
 /** Kernels keyed by their constants (heads, eps): one spec each, built on first use (same name and source). */
 const qkvKernels = new Map<string, ReturnType<typeof custom_kernel>>();
 
 export function qkv_norm_kernel(p: QkvHeads): ReturnType<typeof custom_kernel> {
-  const key = `${p.hq},${p.hk},${p.hv},${p.dim},${p.eps}`;
+  const key = `${p.hq},${p.hk},${p.hv},${p.dim},${p.eps},${p.rope ? `${p.rope.dims},${p.rope.base},${p.rope.scale}` : ""}`;
   let k = qkvKernels.get(key);
   if (k) return k;
   const { block, chunks } = norm_partition(p.dim);
   k = custom_kernel({
     name: "mlxb_qkv_norm_exact",
-    input_names: ["x", "q_w", "k_w"],
+    input_names: ["x", "q_w", "k_w", "offset", "freqs"],
     output_names: ["q", "k", "v"],
     cuda: { source: QKV_CUDA, header: HEADER_CUDA },
     validate: (inputs) => qkvCheck(inputs, p),
@@ -185,12 +249,10 @@ export function qkv_norm_kernel(p: QkvHeads): ReturnType<typeof custom_kernel> {
     launch: ([x]) => {
       const lead = x!.shape.slice(0, -1);
       const rows = x!.size / x!.shape.at(-1)!;
+      const r = p.rope;
+      const shape = (heads: number) => (r ? [1, heads, 1, p.dim] : [...lead, heads, p.dim]);
       return {
-        output_shapes: [
-          [...lead, p.hq, p.dim],
-          [...lead, p.hk, p.dim],
-          [...lead, p.hk, p.dim],
-        ],
+        output_shapes: [shape(p.hq), shape(p.hk), shape(p.hk)],
         output_dtypes: ["bfloat16", "bfloat16", "bfloat16"],
         grid: [rows * (p.hq + 2 * p.hk) * block, 1, 1],
         threadgroup: [block, 1, 1],
@@ -201,7 +263,12 @@ export function qkv_norm_kernel(p: QkvHeads): ReturnType<typeof custom_kernel> {
           ["A", p.dim],
           ["BLOCK", block],
           ["CHUNKS", chunks],
-          ["EPS_BITS", epsBits(p.eps)],
+          ["EPS_BITS", f32Bits(p.eps)],
+          ["ROPE", r ? (r.base === null ? 2 : 1) : 0],
+          ["RD", r?.dims ?? 2],
+          ["SCALE_BITS", f32Bits(r?.scale ?? 1)],
+          // MLX passes std::log2 of the float base (glibc's correctly rounded log2f).
+          ["BASE_BITS", f32Bits(r?.base ? Math.log2(Math.fround(r.base)) : 1)],
         ],
       };
     },
@@ -213,10 +280,20 @@ export function qkv_norm_kernel(p: QkvHeads): ReturnType<typeof custom_kernel> {
 /**
  * The q, k and v head norms of a fused q/k/v projection's output `x` [..., (hq + hk + hv)·dim]:
  * q = rms_norm(q heads, qw), k = rms_norm(k heads, kw), v = rms_norm(v heads) (no weight; the k
- * heads where hv = 0), each [..., heads, dim]. One launch on CUDA, MLX's ops elsewhere.
+ * heads where hv = 0), each [..., heads, dim]; with `p.rope`, q and k then rotated at `offset`
+ * (one int32; `freqs` where `p.rope.base` is null), all three [1, heads, 1, dim]. One launch on
+ * CUDA, MLX's ops in the model's order elsewhere.
  */
-export function qkv_norm_exact(x: MlxArray, qw: MlxArray, kw: MlxArray, p: QkvHeads, stream?: Stream): [MlxArray, MlxArray, MlxArray] {
-  const inputs = [x, qw, kw];
+export function qkv_norm_exact(
+  x: MlxArray,
+  qw: MlxArray,
+  kw: MlxArray,
+  p: QkvHeads,
+  rope: { offset: MlxArray; freqs?: MlxArray } | null = null,
+  stream?: Stream,
+): [MlxArray, MlxArray, MlxArray] {
+  // Unused inputs (no RoPE, or a base instead of freqs) take a stand-in the kernel does not read.
+  const inputs = [x, qw, kw, rope?.offset ?? qw, rope?.freqs ?? qw];
   const [q, k, v] = qkv_norm_kernel(p).runKeyed(inputs, inputsKey(inputs), { stream });
   return [q!, k!, v!];
 }
@@ -274,7 +351,7 @@ export function residual_norm_kernel(p: ResidualNorm): ReturnType<typeof custom_
           ["A", a],
           ["BLOCK", block],
           ["CHUNKS", chunks],
-          ["EPS_BITS", epsBits(p.eps)],
+          ["EPS_BITS", f32Bits(p.eps)],
           ["HAS_SCALE", p.scaled],
         ],
       };

@@ -163,9 +163,13 @@ export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, 
   return next ? { h: out, n: s.t(mx.fast.rms_norm(out, next, eps)) } : out;
 }
 
-function attendAndProject(lw: LayerWeights, x: MlxArray, q2: MlxArray, shared: Shared, mask: Mask, B: number, L: number, eps: number, s: Scope): Hidden {
+/** q [B, L, heads, dim] after its norm → [B, heads, L, dim] rotated at `offset`. */
+function rotateQueries(lw: LayerWeights, q2: MlxArray, offset: MlxArray | number, s: Scope): MlxArray {
   const q3 = s.t(mx.transpose(q2, [0, 2, 1, 3]));
-  const q4 = s.t(rope(lw, q3, shared.offset));
+  return s.t(rope(lw, q3, offset));
+}
+
+function attendAndProject(lw: LayerWeights, x: MlxArray, q4: MlxArray, shared: Shared, mask: Mask, B: number, L: number, eps: number, s: Scope): Hidden {
   const att = s.t(shared.view.attend(q4, 1.0, mask));
   const att1 = s.t(mx.transpose(att, [0, 2, 1, 3]));
   const att2 = s.t(mx.reshape(att1, [B, L, -1]));
@@ -175,28 +179,52 @@ function attendAndProject(lw: LayerWeights, x: MlxArray, q2: MlxArray, shared: S
 }
 
 /**
- * q, k, v after their norms, [B, L, heads, head_dim]: with exact norms on CUDA and a fused q/k/v
- * matmul, its output normed in one launch; else each part reshaped and normed by MLX's ops.
+ * q and k after their norms and RoPE at `offset`, and v after its norm, each [B, heads, L, head_dim]:
+ * with exact norms on CUDA and a fused q/k/v matmul (one position), its output through one launch;
+ * else each part reshaped, normed, transposed and rotated by MLX's ops.
  */
-function queriesKeysValues(lw: LayerWeights, hIn: MlxArray, B: number, L: number, eps: number, s: Scope): [MlxArray, MlxArray, MlxArray] {
+function queriesKeysValues(
+  lw: LayerWeights,
+  hIn: MlxArray,
+  offset: MlxArray | number,
+  B: number,
+  L: number,
+  eps: number,
+  s: Scope,
+): [MlxArray, MlxArray, MlxArray] {
   const spec = lw.spec;
   const parts = lw.v ? [lw.q, lw.k!, lw.v] : [lw.q, lw.k!];
   const D = spec.headDim;
-  if (mx.kernels.exact_norms_enabled() && isBf16Vector(lw.qNorm, D) && isBf16Vector(lw.kNorm, D) && D <= mx.kernels.NORM_EXACT_MAX_AXIS) {
+  const r = spec.rope;
+  const ropeFits = offset instanceof MlxArray && offset.size === 1 && offset.dtype === "int32" && !r.traditional && r.dims <= D && r.dims % 2 === 0;
+  const freqsFit = !lw.freqs || (lw.freqs.dtype === "float32" && lw.freqs.ndim === 1 && lw.freqs.shape[0] === r.dims / 2);
+  if (
+    mx.kernels.exact_norms_enabled() &&
+    ropeFits &&
+    freqsFit &&
+    isBf16Vector(lw.qNorm, D) &&
+    isBf16Vector(lw.kNorm, D) &&
+    D <= mx.kernels.NORM_EXACT_MAX_AXIS
+  ) {
     const y = fusedLinear(lw.fused?.qkv, parts, hIn);
     if (y && s.t(y).dtype === "bfloat16") {
-      const heads = { hq: spec.numHeads, hk: spec.numKvHeads, hv: lw.v ? spec.numKvHeads : 0, dim: D, eps };
-      const [q, k, v] = mx.kernels.qkv_norm_exact(y, lw.qNorm, lw.kNorm!, heads);
+      // rope(): freqs rotate at scale 1, a base at the config's scale.
+      const rope = lw.freqs ? { dims: r.dims, base: null, scale: 1 } : { dims: r.dims, base: r.theta, scale: r.scale };
+      const heads = { hq: spec.numHeads, hk: spec.numKvHeads, hv: lw.v ? spec.numKvHeads : 0, dim: D, eps, rope };
+      const [q, k, v] = mx.kernels.qkv_norm_exact(y, lw.qNorm, lw.kNorm!, heads, { offset, ...(lw.freqs ? { freqs: lw.freqs } : {}) });
       return [s.t(q), s.t(k), s.t(v)];
     }
   }
   const [q0, k0, v0] = linearParts(lw.fused?.qkv, parts, hIn).map((a) => s.t(a));
-  const q2 = queries(lw, q0!, B, L, eps, s);
+  const q4 = rotateQueries(lw, queries(lw, q0!, B, L, eps, s), offset, s);
   const k1 = s.t(mx.reshape(k0!, [B, L, spec.numKvHeads, D]));
   const v1 = v0 ? s.t(mx.reshape(v0, [B, L, spec.numKvHeads, D])) : k1;
   const k2 = s.t(mx.fast.rms_norm(k1, lw.kNorm!, eps));
+  const k3 = s.t(mx.transpose(k2, [0, 2, 1, 3]));
+  const k4 = s.t(rope(lw, k3, offset));
   const v2 = s.t(mx.fast.rms_norm(v1, null, eps));
-  return [q2, k2, v2];
+  const v3 = s.t(mx.transpose(v2, [0, 2, 1, 3]));
+  return [q4, k4, v3];
 }
 
 /** Attention of a KV-owning layer: computes K/V, appends to its cache, attends. Returns h after the residual. */
@@ -210,22 +238,19 @@ export function attentionOwn(
   eps: number,
   s: Scope,
 ): { h: Hidden; shared: Shared } {
-  const [q2, k2, v2] = queriesKeysValues(lw, x.n, B, L, eps, s);
   // mlx-lm passes mx.array(cache.offset): a scalar, or per-row positions of a batch.
   const offset = cache ? (cache.positions ? cache.positions() : MlxArray.scalar(cache.offset, "int32")) : 0;
-  const k3 = s.t(mx.transpose(k2, [0, 2, 1, 3]));
-  const k4 = s.t(rope(lw, k3, offset));
-  const v3 = s.t(mx.transpose(v2, [0, 2, 1, 3]));
+  const [q4, k4, v3] = queriesKeysValues(lw, x.n, offset, B, L, eps, s);
   const view = cache ? cache.updateAndFetch(k4, v3) : plainCodec.view([k4.retain(), v3.retain()], L);
   const shared = { view, offset };
-  return { h: attendAndProject(lw, x.h, q2, shared, mask, B, L, eps, s), shared };
+  return { h: attendAndProject(lw, x.h, q4, shared, mask, B, L, eps, s), shared };
 }
 
 /** Attention of a KV-sharing layer: its own queries over the donor layer's view and positions. */
 export function attentionShared(lw: LayerWeights, x: Hidden, mask: Mask, donor: Shared | undefined, B: number, L: number, eps: number, s: Scope): Hidden {
   if (!donor) throw new WeightsError(`Layer ${lw.spec.index} is a KV-shared layer but received no shared_kv`);
-  const q2 = queries(lw, s.t(linear(lw.q, x.n)), B, L, eps, s);
-  return attendAndProject(lw, x.h, q2, donor, mask, B, L, eps, s);
+  const q4 = rotateQueries(lw, queries(lw, s.t(linear(lw.q, x.n)), B, L, eps, s), donor.offset, s);
+  return attendAndProject(lw, x.h, q4, donor, mask, B, L, eps, s);
 }
 
 function mlp(lw: LayerWeights, x: MlxArray, s: Scope): MlxArray {
