@@ -11,7 +11,7 @@ import type { MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { add, multiply } from "../elementwise.ts";
 import { fast } from "../fast.ts";
 import { reshape, slice, transpose } from "../shape.ts";
-import { custom_kernel, inputsKey, kernel_environment, select_kernel_path } from "./kernel.ts";
+import { type CustomKernel, custom_kernel, inputsKey, kernel_environment, select_kernel_path } from "./kernel.ts";
 
 /** Rows longer than this run MLX's looped `rms_norm` kernel, whose partition these do not model. */
 export const NORM_EXACT_MAX_AXIS = 8192;
@@ -231,15 +231,23 @@ function qkvReference([x, qw, kw, offset, freqs]: readonly MlxArray[], p: QkvHea
   });
 }
 
-/** Kernels keyed by their constants (heads, eps): one spec each, built on first use (same name and source). */
-const qkvKernels = new Map<string, ReturnType<typeof custom_kernel>>();
+/** Kernels keyed by their constants (heads, eps, RoPE): one spec each, built on first use (same name and source). */
+const kernels = new Map<string, CustomKernel>();
 
-export function qkv_norm_kernel(p: QkvHeads): ReturnType<typeof custom_kernel> {
-  const key = `${p.hq},${p.hk},${p.hv},${p.dim},${p.eps},${p.rope ? `${p.rope.dims},${p.rope.base},${p.rope.scale}` : ""}`;
-  let k = qkvKernels.get(key);
-  if (k) return k;
+function cachedKernel(key: string, make: () => CustomKernel): CustomKernel {
+  let k = kernels.get(key);
+  if (!k) kernels.set(key, (k = make()));
+  return k;
+}
+
+export function qkv_norm_kernel(p: QkvHeads): CustomKernel {
+  const rope = p.rope ? `${p.rope.dims},${p.rope.base},${p.rope.scale}` : "";
+  return cachedKernel(`qkv ${p.hq},${p.hk},${p.hv},${p.dim},${p.eps},${rope}`, () => qkvSpec(p));
+}
+
+function qkvSpec(p: QkvHeads): CustomKernel {
   const { block, chunks } = norm_partition(p.dim);
-  k = custom_kernel({
+  return custom_kernel({
     name: "mlxb_qkv_norm_exact",
     input_names: ["x", "q_w", "k_w", "offset", "freqs"],
     output_names: ["q", "k", "v"],
@@ -273,8 +281,6 @@ export function qkv_norm_kernel(p: QkvHeads): ReturnType<typeof custom_kernel> {
       };
     },
   });
-  qkvKernels.set(key, k);
-  return k;
 }
 
 /**
@@ -326,13 +332,12 @@ function residualReference([h, y, postW, nextW, scale]: readonly MlxArray[], p: 
   return [out, fast.rms_norm(out, nextW!, p.eps, s)];
 }
 
-const residualKernels = new Map<string, ReturnType<typeof custom_kernel>>();
+export function residual_norm_kernel(p: ResidualNorm): CustomKernel {
+  return cachedKernel(`residual ${p.eps},${p.scaled}`, () => residualSpec(p));
+}
 
-export function residual_norm_kernel(p: ResidualNorm): ReturnType<typeof custom_kernel> {
-  const key = `${p.eps},${p.scaled}`;
-  let k = residualKernels.get(key);
-  if (k) return k;
-  k = custom_kernel({
+function residualSpec(p: ResidualNorm): CustomKernel {
+  return custom_kernel({
     name: "mlxb_residual_norm_exact",
     input_names: ["h", "y", "post_w", "next_w", "scale"],
     output_names: ["h_out", "n_out"],
@@ -357,14 +362,11 @@ export function residual_norm_kernel(p: ResidualNorm): ReturnType<typeof custom_
       };
     },
   });
-  residualKernels.set(key, k);
-  return k;
 }
 
 /**
  * [h', n] for a residual point: h' = h + rms_norm(y, postW) (times `scale` where given), n =
- * rms_norm(h', nextW); MLX's ops in that order, one launch on CUDA. Without a scale any
- * 1-element bf16 array may stand in for it (it is not read).
+ * rms_norm(h', nextW); MLX's ops in that order, one launch on CUDA.
  */
 export function residual_norm_exact(
   h: MlxArray,
@@ -375,6 +377,7 @@ export function residual_norm_exact(
   eps: number,
   stream?: Stream,
 ): [MlxArray, MlxArray] {
+  // Without a scale, a stand-in the kernel does not read (HAS_SCALE false).
   const inputs = [h, y, postW, nextW, scale ?? postW];
   const [hOut, n] = residual_norm_kernel({ eps, scaled: scale !== null }).runKeyed(inputs, inputsKey(inputs), { stream });
   return [hOut!, n!];
