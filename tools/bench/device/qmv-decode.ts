@@ -34,8 +34,23 @@ const KL_STEPS = Number(arg("kl-steps", "64"));
 const JSON_OUT = arg("json", "");
 const WITH_LM = !process.argv.includes("--no-mlx-lm");
 const AB = arg("ab", "qmv");
-const AB_MODES = ["qmv", "fused", "exact-qmv", "exact-norms", "exact-all"];
-if (!AB_MODES.includes(AB)) throw new Error(`--ab must be one of ${AB_MODES.join(", ")}, got ${AB}`);
+/** Each --ab: the two sides' labels and what the "fast" side turns on (the "exact" side: none of it). */
+interface AbMode {
+  exact: string;
+  fast: string;
+  qmv?: "on" | "exact";
+  norms?: true;
+  fused?: true;
+}
+const AB_MODES: Record<string, AbMode> = {
+  qmv: { exact: "mlx-bun exact", fast: "mlx-bun fast", qmv: "on" },
+  fused: { exact: "mlx-bun unfused", fast: "mlx-bun fused", fused: true },
+  "exact-qmv": { exact: "mlx-bun MLX's matvec", fast: "mlx-bun exact-order matvec", qmv: "exact" },
+  "exact-norms": { exact: "mlx-bun MLX's norms", fast: "mlx-bun fused exact norms", norms: true },
+  "exact-all": { exact: "mlx-bun MLX's kernels", fast: "mlx-bun exact norms + matvec", qmv: "exact", norms: true },
+};
+const MODE = AB_MODES[AB];
+if (!MODE) throw new Error(`--ab must be one of ${Object.keys(AB_MODES).join(", ")}, got ${AB}`);
 const log = (s: string) => process.stderr.write(`[qmv-decode +${(performance.now() / 1000).toFixed(0)}s] ${s}\n`);
 
 const engine = Engine.load(model, { kv: "bf16" });
@@ -48,24 +63,11 @@ const prompt = template!.apply(
   },
 );
 const use = (p: "exact" | "fast") => {
-  mx.kernels.set_exact_norms(p === "fast" && (AB === "exact-norms" || AB === "exact-all") ? "on" : "off");
-  if (AB === "exact-norms") return mx.kernels.set_fast_qmv("off");
-  if (AB === "exact-all") return mx.kernels.set_fast_qmv(p === "exact" ? "off" : "exact");
-  if (AB === "qmv") return mx.kernels.set_fast_qmv(p === "exact" ? "off" : "on");
-  if (AB === "exact-qmv") return mx.kernels.set_fast_qmv(p === "exact" ? "off" : "exact");
-  mx.kernels.set_fast_qmv("off");
-  setFusedProjections(p === "exact" ? "off" : "on");
+  const fast = p === "fast";
+  mx.kernels.set_fast_qmv(fast && MODE.qmv ? MODE.qmv : "off");
+  mx.kernels.set_exact_norms(fast && MODE.norms ? "on" : "off");
+  if (MODE.fused) setFusedProjections(fast ? "on" : "off");
 };
-const LABEL =
-  AB === "qmv"
-    ? { exact: "mlx-bun exact", fast: "mlx-bun fast" }
-    : AB === "exact-qmv"
-      ? { exact: "mlx-bun MLX's matvec", fast: "mlx-bun exact-order matvec" }
-      : AB === "exact-norms"
-        ? { exact: "mlx-bun MLX's norms", fast: "mlx-bun fused exact norms" }
-        : AB === "exact-all"
-          ? { exact: "mlx-bun MLX's kernels", fast: "mlx-bun exact norms + matvec" }
-          : { exact: "mlx-bun unfused", fast: "mlx-bun fused" };
 const result: Record<string, unknown> = { model, ab: AB, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };
 const save = () => JSON_OUT && writeFileSync(JSON_OUT, JSON.stringify(result, null, 1));
 
@@ -167,10 +169,10 @@ log("warm-up");
 await ours("exact", 8);
 await ours("fast", 8);
 if (twin) await theirs(8);
-const names = [LABEL.exact, LABEL.fast, ...(twin ? ["mlx-lm"] : [])];
+const names = [MODE.exact, MODE.fast, ...(twin ? ["mlx-lm"] : [])];
 const runs: Record<string, () => Promise<{ tps: number; tokens: number[] }>> = {
-  [LABEL.exact]: () => ours("exact", TOKENS),
-  [LABEL.fast]: () => ours("fast", TOKENS),
+  [MODE.exact]: () => ours("exact", TOKENS),
+  [MODE.fast]: () => ours("fast", TOKENS),
   "mlx-lm": () => theirs(TOKENS),
 };
 const tps: Record<string, number[]> = {};

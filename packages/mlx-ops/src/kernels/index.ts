@@ -40,6 +40,8 @@ export {
   exact_norms_enabled,
   norm_partition,
   qkv_norm_exact,
+  qkv_norm_fits,
   residual_norm_exact,
+  residual_norm_fits,
   set_exact_norms,
 } from "./norm-exact.ts";

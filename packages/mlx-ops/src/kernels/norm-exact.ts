@@ -298,10 +298,19 @@ export function qkv_norm_exact(
   rope: { offset: MlxArray; freqs?: MlxArray } | null = null,
   stream?: Stream,
 ): [MlxArray, MlxArray, MlxArray] {
-  // Unused inputs (no RoPE, or a base instead of freqs) take a stand-in the kernel does not read.
-  const inputs = [x, qw, kw, rope?.offset ?? qw, rope?.freqs ?? qw];
+  const inputs = qkvInputs(x, qw, kw, rope);
   const [q, k, v] = qkv_norm_kernel(p).runKeyed(inputs, inputsKey(inputs), { stream });
   return [q!, k!, v!];
+}
+
+/** Whether `qkv_norm_exact` takes these arguments (a caller that would rather use MLX's ops than an error). */
+export function qkv_norm_fits(x: MlxArray, qw: MlxArray, kw: MlxArray, p: QkvHeads, rope: { offset: MlxArray; freqs?: MlxArray } | null = null): boolean {
+  return qkvCheck(qkvInputs(x, qw, kw, rope), p) === null;
+}
+
+// Unused inputs (no RoPE, or a base instead of freqs) take a stand-in the kernel does not read.
+function qkvInputs(x: MlxArray, qw: MlxArray, kw: MlxArray, rope: { offset: MlxArray; freqs?: MlxArray } | null): MlxArray[] {
+  return [x, qw, kw, rope?.offset ?? qw, rope?.freqs ?? qw];
 }
 
 /** A residual point: `h + rms_norm(y, postW)`, optionally times `scale`, and that sum's norm by `nextW`. */
@@ -381,6 +390,11 @@ export function residual_norm_exact(
   const inputs = [h, y, postW, nextW, scale ?? postW];
   const [hOut, n] = residual_norm_kernel({ eps, scaled: scale !== null }).runKeyed(inputs, inputsKey(inputs), { stream });
   return [hOut!, n!];
+}
+
+/** Whether `residual_norm_exact` takes these arguments (a caller that would rather use MLX's ops than an error). */
+export function residual_norm_fits(h: MlxArray, y: MlxArray, postW: MlxArray, nextW: MlxArray, scale: MlxArray | null): boolean {
+  return residualCheck([h, y, postW, nextW, scale ?? postW], scale !== null) === null;
 }
 
 /**

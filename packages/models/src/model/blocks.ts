@@ -131,8 +131,6 @@ function queries(lw: LayerWeights, q0: MlxArray, B: number, L: number, eps: numb
   return s.t(mx.fast.rms_norm(q1, lw.qNorm, eps));
 }
 
-const isBf16Vector = (a: MlxArray | null | undefined, n: number): boolean => !!a && a.dtype === "bfloat16" && a.ndim === 1 && a.shape[0] === n;
-
 /**
  * The residual point `h + rms_norm(y, post)` (times `scale`, Gemma's layer scalar, where given)
  * and, with `next`, that sum's norm by `next` (the next block's input norm). MLX's ops in that
@@ -142,18 +140,7 @@ const isBf16Vector = (a: MlxArray | null | undefined, n: number): boolean => !!a
 export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, s: Scope, scale?: MlxArray): MlxArray;
 export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, s: Scope, scale: MlxArray | undefined, next: MlxArray): Hidden;
 export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, s: Scope, scale?: MlxArray, next?: MlxArray): MlxArray | Hidden {
-  const A = h.shape[h.ndim - 1]!;
-  if (
-    next &&
-    mx.kernels.exact_norms_enabled() &&
-    h.dtype === "bfloat16" &&
-    y.dtype === "bfloat16" &&
-    A <= mx.kernels.NORM_EXACT_MAX_AXIS &&
-    isBf16Vector(post, A) &&
-    isBf16Vector(next, A) &&
-    (!scale || (scale.dtype === "bfloat16" && scale.size === 1)) &&
-    h.shape.join() === y.shape.join()
-  ) {
+  if (next && mx.kernels.exact_norms_enabled() && mx.kernels.residual_norm_fits(h, y, post, next, scale ?? null)) {
     const [hOut, n] = mx.kernels.residual_norm_exact(h, y, post, next, scale ?? null, eps);
     return { h: s.t(hOut), n: s.t(n) };
   }
@@ -196,23 +183,19 @@ function queriesKeysValues(
   const parts = lw.v ? [lw.q, lw.k!, lw.v] : [lw.q, lw.k!];
   const D = spec.headDim;
   const r = spec.rope;
-  const ropeFits = offset instanceof MlxArray && offset.size === 1 && offset.dtype === "int32" && !r.traditional && r.dims <= D && r.dims % 2 === 0;
-  const freqsFit = !lw.freqs || (lw.freqs.dtype === "float32" && lw.freqs.ndim === 1 && lw.freqs.shape[0] === r.dims / 2);
-  if (
-    mx.kernels.exact_norms_enabled() &&
-    ropeFits &&
-    freqsFit &&
-    isBf16Vector(lw.qNorm, D) &&
-    isBf16Vector(lw.kNorm, D) &&
-    D <= mx.kernels.NORM_EXACT_MAX_AXIS
-  ) {
+  // The kernel rotates the non-traditional way only, at one position given as an array.
+  if (mx.kernels.exact_norms_enabled() && offset instanceof MlxArray && !r.traditional) {
     const y = fusedLinear(lw.fused?.qkv, parts, hIn);
-    if (y && s.t(y).dtype === "bfloat16") {
+    if (y) {
+      s.t(y);
       // rope(): freqs rotate at scale 1, a base at the config's scale.
       const rope = lw.freqs ? { dims: r.dims, base: null, scale: 1 } : { dims: r.dims, base: r.theta, scale: r.scale };
       const heads = { hq: spec.numHeads, hk: spec.numKvHeads, hv: lw.v ? spec.numKvHeads : 0, dim: D, eps, rope };
-      const [q, k, v] = mx.kernels.qkv_norm_exact(y, lw.qNorm, lw.kNorm!, heads, { offset, ...(lw.freqs ? { freqs: lw.freqs } : {}) });
-      return [s.t(q), s.t(k), s.t(v)];
+      const at = { offset, ...(lw.freqs ? { freqs: lw.freqs } : {}) };
+      if (mx.kernels.qkv_norm_fits(y, lw.qNorm, lw.kNorm!, heads, at)) {
+        const [q, k, v] = mx.kernels.qkv_norm_exact(y, lw.qNorm, lw.kNorm!, heads, at);
+        return [s.t(q), s.t(k), s.t(v)];
+      }
     }
   }
   const [q0, k0, v0] = linearParts(lw.fused?.qkv, parts, hIn).map((a) => s.t(a));
