@@ -38,11 +38,20 @@ export function noteNoOps(o: ModelOptions, say: (line: string) => void = (l) => 
   }
 }
 
+/**
+ * --exact: MLX's own kernels only (mlx-ops' MLX_BUN_FAST_QMV / MLX_BUN_EXACT_NORMS off), set before the
+ * model loads: the kernels are chosen at first use, and the settings pass to processes this one starts.
+ */
+export function exactKernels(o: Pick<ModelOptions, "exact">, env: NodeJS.ProcessEnv = process.env): void {
+  if (o.exact) Object.assign(env, { MLX_BUN_FAST_QMV: "off", MLX_BUN_EXACT_NORMS: "off" });
+}
+
 export async function loadEngine(
   o: ModelOptions,
   opts: { progress?: boolean; fileKv?: Parameters<typeof engineOptions>[1]; model?: ResolvedModel } = {},
 ): Promise<Loaded> {
   const engineOpts = engineOptions(o, opts.fileKv);
+  exactKernels(o);
   const model = opts.model ?? (await resolveModel(o.model, { progress: opts.progress ?? true }));
   // Imported here so that --help and argument errors do not load the native library.
   const { Engine } = await import("@mlx-bun/runtime");

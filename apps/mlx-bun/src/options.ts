@@ -89,6 +89,8 @@ export interface ModelOptions {
   quantizedKvStart?: number;
   /** mlx_lm's --pipeline (chat, serve): pipeline instead of tensor parallelism across ranks. */
   pipeline?: boolean;
+  /** Ours: MLX's own kernels only (no exact-order matvec or fused exact norms on CUDA sm90). */
+  exact?: boolean;
 }
 
 /** Speculative decoding (mlx_lm's --draft-model, --num-draft-tokens). */
@@ -119,7 +121,7 @@ export interface SamplingOptions {
 
 /**
  * --model, --adapter-path, --trust-remote-code, --prefill-step-size, --max-kv-size (mlx_lm's),
- * and ours: --kv, --kv-sliding, --kv-window.
+ * and ours: --kv, --kv-sliding, --kv-window, --exact.
  */
 export function addModelOptions(cmd: Command): Command {
   return cmd
@@ -140,7 +142,11 @@ export function addModelOptions(cmd: Command): Command {
     )
     .option("--kv-window <n>", "bound the full-attention KV caches to a rotating window of n tokens", intArg("--kv-window", 1))
     .option("--max-kv-size <n>", "as mlx_lm: no effect on Gemma 4, whose own cache layout wins (see --kv-window)", intArg("--max-kv-size", 1))
-    .option("--prefill-step-size <n>", "prompt tokens per prefill step", intArg("--prefill-step-size", 1), 2048);
+    .option("--prefill-step-size <n>", "prompt tokens per prefill step", intArg("--prefill-step-size", 1), 2048)
+    .option(
+      "--exact",
+      "decode with MLX's own kernels only, the path mlx-lm runs (on CUDA H100/H200 mlx-bun otherwise takes its exact-order matvec and fused norms, which keep MLX's bits)",
+    );
 }
 
 /** mlx_lm's --kv-bits, --kv-group-size, --quantized-kv-start (generate, serve, cache-prompt). */

@@ -12,6 +12,7 @@ import { oraclePython } from "../../../tools/oracle/oracle.ts";
 import { add, astype, multiply } from "../src/elementwise.ts";
 import { fast } from "../src/fast.ts";
 import { gpu_backend } from "../src/kernels/kernel.ts";
+import { cuda_arch } from "../src/kernels/cuda-arch.ts";
 import { norm_partition, qkv_norm_exact, residual_norm_exact, set_exact_norms, exact_norms_enabled } from "../src/kernels/norm-exact.ts";
 import { reshape, slice } from "../src/shape.ts";
 import { expectExact, randn } from "./seeded-inputs.ts";
@@ -86,14 +87,16 @@ describe("fused exact norms", () => {
     expect(() => residual_norm_exact(h, y, w, w, null, 1e-6)).toThrow(/^kernel mlxb_residual_norm_exact\(.*\): h .* and y .* must have one shape$/);
     using s2 = randn([2], 5, "bfloat16");
     expect(() => residual_norm_exact(h, h, w, w, s2, 1e-6)).toThrow(/scale must be one bfloat16 value/);
-    expect(() => set_exact_norms("maybe" as "on")).toThrow(/expected "on", "off" or "always"/);
+    expect(() => set_exact_norms("maybe" as "on")).toThrow(/expected "auto", "on", "off" or "always"/);
   });
 
-  test("the setting: off by default, on only where CUDA runs, always everywhere", () => {
+  test("the setting: by default on CUDA sm90 only, on where CUDA runs, off, always everywhere", () => {
     const old = process.env.MLX_BUN_EXACT_NORMS;
     try {
       delete process.env.MLX_BUN_EXACT_NORMS;
       set_exact_norms(undefined);
+      expect(exact_norms_enabled()).toBe(gpu_backend() === "cuda" && cuda_arch() === 900);
+      set_exact_norms("off");
       expect(exact_norms_enabled()).toBe(false);
       set_exact_norms("on");
       expect(exact_norms_enabled()).toBe(gpu_backend() === "cuda");
@@ -101,7 +104,7 @@ describe("fused exact norms", () => {
       expect(exact_norms_enabled()).toBe(true);
       set_exact_norms(undefined);
       process.env.MLX_BUN_EXACT_NORMS = "sometimes";
-      expect(() => exact_norms_enabled()).toThrow(/MLX_BUN_EXACT_NORMS=sometimes: expected on, off or always/);
+      expect(() => exact_norms_enabled()).toThrow(/MLX_BUN_EXACT_NORMS=sometimes: expected auto, on, off or always/);
     } finally {
       if (old === undefined) delete process.env.MLX_BUN_EXACT_NORMS;
       else process.env.MLX_BUN_EXACT_NORMS = old;

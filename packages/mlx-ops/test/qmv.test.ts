@@ -12,7 +12,7 @@ import * as kernels from "../src/kernels/index.ts";
 import { quantize, quantized_matmul } from "../src/quantized.ts";
 import { expectClose, expectExact, expectNoLeaks, quantizedInputs, randn } from "./seeded-inputs.ts";
 
-const { gpu_backend, qmv, qmv_kernel, qmv_config, qmv_launch_of, qmv_shape, quantized_linear, set_fast_qmv, fast_qmv_enabled } = kernels;
+const { cuda_arch, gpu_backend, qmv, qmv_kernel, qmv_config, qmv_launch_of, qmv_shape, quantized_linear, set_fast_qmv, fast_qmv_enabled } = kernels;
 
 const inputs = quantizedInputs;
 const dispose = (xs: MlxArray[]) => xs.forEach((a) => a.dispose());
@@ -100,12 +100,16 @@ describe("qmv kernel", () => {
   test("quantized_linear is mx.quantized_matmul wherever the kernel does not run (bit-exact), with any setting", () => {
     const xs = inputs([1, 1], 64, 256, 4, 64, "bfloat16", 7);
     const [x, w, s, b] = xs as [MlxArray, MlxArray, MlxArray, MlxArray];
+    const old = process.env.MLX_BUN_FAST_QMV;
+    delete process.env.MLX_BUN_FAST_QMV;
     try {
       using ref = quantized_matmul(x, w, s, b, { group_size: 64, bits: 4, transpose: true });
       for (const setting of ["auto", "on", "off", "exact", undefined] as const) {
         set_fast_qmv(setting);
         if (gpu_backend() === null) expect(fast_qmv_enabled()).toBe(false);
         if (setting === "off") expect(fast_qmv_enabled()).toBe(false);
+        // The default takes the exact-order kernel on sm90 only, where it was checked bit for bit.
+        if (setting === "auto" || setting === undefined) expect(fast_qmv_enabled()).toBe(gpu_backend() === "cuda" && cuda_arch() === 900);
         using cpu = Stream.default("cpu");
         using y = quantized_linear(x, w, s, b, { group_size: 64, bits: 4 }, cpu);
         expectExact(y, ref, `quantized_linear on a CPU stream, setting ${setting}`);
@@ -118,7 +122,8 @@ describe("qmv kernel", () => {
       set_fast_qmv(undefined);
       expect(() => fast_qmv_enabled()).toThrow(/MLX_BUN_FAST_QMV=maybe/);
     } finally {
-      delete process.env.MLX_BUN_FAST_QMV;
+      if (old === undefined) delete process.env.MLX_BUN_FAST_QMV;
+      else process.env.MLX_BUN_FAST_QMV = old;
       dispose(xs);
     }
   });

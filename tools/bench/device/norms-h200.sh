@@ -8,6 +8,10 @@
 #   norms     qmv-decode.ts --ab exact-norms on the 12B-shaped model: teacher-forced KL and max
 #             |Δ logprob| of MLX_BUN_EXACT_NORMS=on against MLX's norms, then tok/s of both and mlx-lm
 #   all       the same with both exact kernels (norms and the exact-order matvec): --ab exact-all
+#   ladder    qmv-decode.ts --ab exact-ladder (MLX's kernels, each exact kernel alone, both, mlx-lm;
+#             REPS interleaved) on the 12B-shaped model, then on the 1B (M1); LADDER=exact-auto: MLX's
+#             kernels against the default settings instead
+#   ops       --ab exact-all under MLX_MAX_OPS_PER_BUFFER=N for each N in OPS (mlx-bun's own default: 60)
 #   graphs    graph-sweep.sh over SETTINGS with what time is left
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
@@ -17,6 +21,7 @@ mkdir -p "$OUT"
 PY="${MLX_BUN_PYTHON:-python3}"
 B=.native/bin/bun
 M12="${M12:-.native/bench-models/gemma4-12b-4bit}"
+M1="${M1:-.native/bench-models/gemma4-1b-4bit}"
 STEPS="${STEPS:-check norms all graphs}"
 DEADLINE="${DEADLINE:-480}"
 log() { echo "[norms-h200 +${SECONDS}s] $*"; }
@@ -28,7 +33,7 @@ if has check; then
   log "check_cuda_kernels.py (norm kernels)"
   timeout 150 "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json --only mlxb_qkv_norm_exact,mlxb_residual_norm_exact 2>&1 | tee "$OUT/norms-check.log" | tail -32
 fi
-if { has norms || has all || has graphs; } && [ ! -f "$M12/config.json" ]; then
+if { has norms || has all || has ladder || has ops || has graphs; } && [ ! -f "$M12/config.json" ]; then
   log "writing the 12B-shaped checkpoint"
   "$PY" tools/bench/device/make_12b_model.py --out "$M12" --rng mlx 2>&1 | tail -1 || { log "checkpoint failed"; exit 1; }
 fi
@@ -39,6 +44,26 @@ for ab in norms all; do
   timeout $(($(left) - 20)) $B tools/bench/device/qmv-decode.ts --model "$M12" --python "$PY" --ab "exact-$ab" \
     --reps "${REPS:-3}" --decode-tokens "${TOKENS:-128}" --kl-steps "${KL_STEPS:-16}" --json "$OUT/exact-$ab-12b.json" 2>&1 | tail -8
 done
+if has ladder; then
+  if [ ! -f "$M1/config.json" ]; then
+    log "writing the 1B checkpoint"
+    "$PY" tools/bench/make_bench_model.py --size 1b --out "$M1" --rng mlx 2>&1 | tail -1
+  fi
+  for m in "$M12" "$M1"; do
+    [ "$(left)" -lt 100 ] && { log "SKIP ladder $m ($(left)s left)"; continue; }
+    log "qmv-decode.ts --ab ${LADDER:-exact-ladder} $m"
+    timeout $(($(left) - 10)) $B tools/bench/device/qmv-decode.ts --model "$m" --python "$PY" --ab "${LADDER:-exact-ladder}" \
+      --reps "${REPS:-5}" --decode-tokens "${TOKENS:-128}" --kl-steps "${KL_STEPS:-16}" --json "$OUT/${LADDER:-exact-ladder}-$(basename "$m").json" 2>&1 | tail -8
+  done
+fi
+if has ops; then
+  for n in ${OPS:-100 200}; do
+    [ "$(left)" -lt 80 ] && { log "SKIP ops $n ($(left)s left)"; continue; }
+    log "MLX_MAX_OPS_PER_BUFFER=$n qmv-decode.ts --ab exact-all"
+    MLX_MAX_OPS_PER_BUFFER=$n timeout $(($(left) - 10)) $B tools/bench/device/qmv-decode.ts --model "$M12" --python "$PY" --ab exact-all \
+      --reps 3 --decode-tokens "${TOKENS:-128}" --kl-steps 2 --json "$OUT/exact-all-ops$n-12b.json" 2>&1 | tail -5
+  done
+fi
 if has graphs && [ "$(left)" -ge 120 ]; then
   DEADLINE=$(left) SETTINGS="${SETTINGS:-MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=200}" bash tools/bench/device/graph-sweep.sh
 fi

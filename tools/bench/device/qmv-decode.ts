@@ -3,7 +3,7 @@
 // tok/s of mlx-bun exact, mlx-bun fast and mlx-lm (tools/bench/mlx_lm_bench.py in a Python twin),
 // the order rotated every repetition; min / median / max.
 //   .native/bin/bun tools/bench/device/qmv-decode.ts --model DIR [--python PY] [--reps 5]
-//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all]
+//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto]
 // "exact": mx.quantized_matmul everywhere (MLX_BUN_FAST_QMV=0); "fast": the qmv kernel for every
 // quantized linear with at most 16 rows of x (decode), MLX's op for prefill.
 // --ab fused compares instead fused projections off ("exact") and on ("fast", the default path:
@@ -11,7 +11,9 @@
 // --ab exact-qmv compares MLX's op ("exact") with the exact-order matvec (MLX_BUN_FAST_QMV=exact:
 // MLX's own arithmetic with wider loads where MLX runs its qmv; expected bit-equal: KL 0).
 // --ab exact-norms: MLX's norms vs the fused exact norms (MLX_BUN_EXACT_NORMS=on: q/k/v norms and
-// the residual points in one launch each); --ab exact-all: both exact kernels. Expected KL 0.
+// the residual points in one launch each); --ab exact-all: both exact kernels; --ab exact-ladder:
+// MLX's kernels, each exact kernel alone, both; --ab exact-auto: MLX's kernels vs the default
+// settings. Expected KL 0 (the last side against the first).
 import { writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import { defaultDevice, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
@@ -34,23 +36,34 @@ const KL_STEPS = Number(arg("kl-steps", "64"));
 const JSON_OUT = arg("json", "");
 const WITH_LM = !process.argv.includes("--no-mlx-lm");
 const AB = arg("ab", "qmv");
-/** Each --ab: the two sides' labels and what the "fast" side turns on (the "exact" side: none of it). */
-interface AbMode {
-  exact: string;
-  fast: string;
-  qmv?: "on" | "exact";
-  norms?: true;
+/** One mlx-bun side of a comparison: its label and the kernels it turns on (none: MLX's ops). */
+interface Side {
+  label: string;
+  qmv?: "on" | "exact" | "auto";
+  norms?: "on" | "auto";
   fused?: true;
 }
-const AB_MODES: Record<string, AbMode> = {
-  qmv: { exact: "mlx-bun exact", fast: "mlx-bun fast", qmv: "on" },
-  fused: { exact: "mlx-bun unfused", fast: "mlx-bun fused", fused: true },
-  "exact-qmv": { exact: "mlx-bun MLX's matvec", fast: "mlx-bun exact-order matvec", qmv: "exact" },
-  "exact-norms": { exact: "mlx-bun MLX's norms", fast: "mlx-bun fused exact norms", norms: true },
-  "exact-all": { exact: "mlx-bun MLX's kernels", fast: "mlx-bun exact norms + matvec", qmv: "exact", norms: true },
+/** Each --ab: its sides, the reference first; the KL compares the last side with the first. */
+const AB_MODES: Record<string, Side[]> = {
+  qmv: [{ label: "mlx-bun exact" }, { label: "mlx-bun fast", qmv: "on" }],
+  fused: [{ label: "mlx-bun unfused" }, { label: "mlx-bun fused", fused: true }],
+  "exact-qmv": [{ label: "mlx-bun MLX's matvec" }, { label: "mlx-bun exact-order matvec", qmv: "exact" }],
+  "exact-norms": [{ label: "mlx-bun MLX's norms" }, { label: "mlx-bun fused exact norms", norms: "on" }],
+  "exact-all": [{ label: "mlx-bun MLX's kernels" }, { label: "mlx-bun exact norms + matvec", qmv: "exact", norms: "on" }],
+  // Each exact kernel alone and both, in one run: what each contributes.
+  "exact-ladder": [
+    { label: "mlx-bun MLX's kernels" },
+    { label: "mlx-bun exact norms", norms: "on" },
+    { label: "mlx-bun exact-order matvec", qmv: "exact" },
+    { label: "mlx-bun exact norms + matvec", qmv: "exact", norms: "on" },
+  ],
+  // What mlx-bun does by default (on CUDA sm90: the fused exact norms, the exact-order matvec on large matrices).
+  "exact-auto": [{ label: "mlx-bun MLX's kernels" }, { label: "mlx-bun default", qmv: "auto", norms: "auto" }],
 };
-const MODE = AB_MODES[AB];
-if (!MODE) throw new Error(`--ab must be one of ${Object.keys(AB_MODES).join(", ")}, got ${AB}`);
+const SIDES = AB_MODES[AB];
+if (!SIDES) throw new Error(`--ab must be one of ${Object.keys(AB_MODES).join(", ")}, got ${AB}`);
+const REF = SIDES[0]!;
+const TOP = SIDES.at(-1)!;
 const log = (s: string) => process.stderr.write(`[qmv-decode +${(performance.now() / 1000).toFixed(0)}s] ${s}\n`);
 
 const engine = Engine.load(model, { kv: "bf16" });
@@ -62,18 +75,17 @@ const prompt = template!.apply(
     addGenerationPrompt: true,
   },
 );
-const use = (p: "exact" | "fast") => {
-  const fast = p === "fast";
-  mx.kernels.set_fast_qmv(fast && MODE.qmv ? MODE.qmv : "off");
-  mx.kernels.set_exact_norms(fast && MODE.norms ? "on" : "off");
-  if (MODE.fused) setFusedProjections(fast ? "on" : "off");
+const use = (side: Side) => {
+  mx.kernels.set_fast_qmv(side.qmv ?? "off");
+  mx.kernels.set_exact_norms(side.norms ?? "off");
+  if (AB === "fused") setFusedProjections(side.fused ? "on" : "off");
 };
 const result: Record<string, unknown> = { model, ab: AB, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };
 const save = () => JSON_OUT && writeFileSync(JSON_OUT, JSON.stringify(result, null, 1));
 
 // (1) KL, teacher-forced on the exact path's greedy tokens.
-function run(path: "exact" | "fast", feed?: number[]): { tokens: number[]; logprobs: MlxArray[] } {
-  use(path);
+function run(side: Side, feed?: number[]): { tokens: number[]; logprobs: MlxArray[] } {
+  use(side);
   const caches = engine.makeCaches();
   const seq = new Sequence({ promptIds: prompt, maxTokens: 100000 }, tokenizer);
   const tokens: number[] = [];
@@ -105,8 +117,8 @@ function run(path: "exact" | "fast", feed?: number[]): { tokens: number[]; logpr
 }
 {
   log(`KL: ${KL_STEPS} teacher-forced decode steps`);
-  const ex = run("exact");
-  const fa = run("fast", ex.tokens);
+  const ex = run(REF);
+  const fa = run(TOP, ex.tokens);
   const kl: number[] = [];
   let argmaxSame = 0;
   let maxDiff = 0;
@@ -142,8 +154,8 @@ function run(path: "exact" | "fast", feed?: number[]): { tokens: number[]; logpr
 }
 
 // (2) tok/s.
-async function ours(path: "exact" | "fast", n: number): Promise<{ tps: number; tokens: number[] }> {
-  use(path);
+async function ours(side: Side, n: number): Promise<{ tps: number; tokens: number[] }> {
+  use(side);
   const s = engine.generate({ promptIds: prompt, maxTokens: n });
   let tFirst = 0;
   const toks: number[] = [];
@@ -166,13 +178,11 @@ const theirs = async (n: number) => {
   return { tps: (r.tokens.length - 1) / r.decode_s, tokens: r.tokens };
 };
 log("warm-up");
-await ours("exact", 8);
-await ours("fast", 8);
+for (const side of SIDES) await ours(side, 8);
 if (twin) await theirs(8);
-const names = [MODE.exact, MODE.fast, ...(twin ? ["mlx-lm"] : [])];
+const names = [...SIDES.map((s) => s.label), ...(twin ? ["mlx-lm"] : [])];
 const runs: Record<string, () => Promise<{ tps: number; tokens: number[] }>> = {
-  [MODE.exact]: () => ours("exact", TOKENS),
-  [MODE.fast]: () => ours("fast", TOKENS),
+  ...Object.fromEntries(SIDES.map((s) => [s.label, () => ours(s, TOKENS)])),
   "mlx-lm": () => theirs(TOKENS),
 };
 const tps: Record<string, number[]> = {};

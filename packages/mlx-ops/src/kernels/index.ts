@@ -16,12 +16,14 @@ export {
   kernel_environment,
   select_kernel_path,
 } from "./kernel.ts";
+export { cuda_arch } from "./cuda-arch.ts";
 export { geglu, geglu_kernel } from "./geglu.ts";
 export {
   type FastQmvSetting,
   type QmvConfig,
   type QmvShape,
   QMV_BITS,
+  QMV_EXACT_AUTO_MIN_ELEMENTS,
   QMV_GROUP_SIZES,
   QMV_MAX_ROWS,
   fast_qmv_enabled,

@@ -11,6 +11,7 @@ import type { MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { add, multiply } from "../elementwise.ts";
 import { fast } from "../fast.ts";
 import { reshape, slice, transpose } from "../shape.ts";
+import { cuda_arch, EXACT_ARCH } from "./cuda-arch.ts";
 import { type CustomKernel, custom_kernel, inputsKey, kernel_environment, select_kernel_path } from "./kernel.ts";
 
 /** Rows longer than this run MLX's looped `rms_norm` kernel, whose partition these do not model. */
@@ -398,18 +399,20 @@ export function residual_norm_fits(h: MlxArray, y: MlxArray, postW: MlxArray, ne
 }
 
 /**
- * Whether the model's norms take these kernels: "on" where the CUDA source runs (MLX's ops
- * elsewhere), "off" (MLX's ops), "always" (the kernels everywhere: their reference composition
- * where no CUDA runs, for tests of the routing on any machine).
+ * Whether the model's norms take these kernels: "auto" (the default) where the CUDA source runs on
+ * sm90 (H100/H200), the architecture whose MLX SASS they reproduce and were checked against bit for
+ * bit; "on" where the CUDA source runs on any architecture; "off" MLX's ops; "always" the kernels
+ * everywhere (their reference composition where no CUDA runs, for tests of the routing on any machine).
  */
-export type ExactNormsSetting = "on" | "off" | "always";
+export type ExactNormsSetting = "auto" | "on" | "off" | "always";
+const NORMS_SETTINGS: readonly string[] = ["auto", "on", "off", "always"];
 
 let normsSetting: ExactNormsSetting | undefined;
 let normsOn: boolean | undefined;
 
-/** Choose for this process; undefined goes back to MLX_BUN_EXACT_NORMS (default "off"). */
+/** Choose for this process; undefined goes back to MLX_BUN_EXACT_NORMS (default "auto"). */
 export function set_exact_norms(s: ExactNormsSetting | undefined): void {
-  if (s !== undefined && s !== "on" && s !== "off" && s !== "always") throw new Error(`set_exact_norms: expected "on", "off" or "always", got ${String(s)}`);
+  if (s !== undefined && !NORMS_SETTINGS.includes(s)) throw new Error(`set_exact_norms: expected "auto", "on", "off" or "always", got ${String(s)}`);
   normsSetting = s;
   normsOn = undefined;
 }
@@ -417,10 +420,11 @@ export function set_exact_norms(s: ExactNormsSetting | undefined): void {
 /** Whether the model routes its norms through these kernels in this process (ExactNormsSetting). */
 export function exact_norms_enabled(): boolean {
   if (normsOn === undefined) {
-    const v = normsSetting ?? (process.env.MLX_BUN_EXACT_NORMS || "off");
-    if (v !== "on" && v !== "off" && v !== "always") throw new Error(`MLX_BUN_EXACT_NORMS=${v}: expected on, off or always`);
+    const v = normsSetting ?? (process.env.MLX_BUN_EXACT_NORMS || "auto");
+    if (!NORMS_SETTINGS.includes(v)) throw new Error(`MLX_BUN_EXACT_NORMS=${v}: expected auto, on, off or always`);
     const probe = residual_norm_kernel({ eps: 1e-6, scaled: false }).spec;
-    normsOn = v === "always" || (v === "on" && select_kernel_path(probe, kernel_environment()) === "cuda");
+    const cuda = select_kernel_path(probe, kernel_environment()) === "cuda";
+    normsOn = v === "always" || (v === "on" && cuda) || (v === "auto" && cuda && cuda_arch() === EXACT_ARCH);
   }
   return normsOn;
 }

@@ -9,8 +9,8 @@
 // before any is used (MLX: one chunk at a time, K a runtime loop bound), K being a template.
 // Bit equality with mx.quantized_matmul is the kernel's test on a GPU (tools/kernels/
 // check_cuda_kernels.py; passed on an H100, and teacher-forced KL 0 end to end); MLX takes this
-// product only for one row of x with N, K ≤ 16384 on sm90. An explicit MLX_BUN_FAST_QMV=exact
-// routes calls here (quantized_linear, qmv.ts): equal tok/s while decode is host-paced.
+// product only for one row of x with N, K ≤ 16384 on sm90. quantized_linear (qmv.ts) routes calls
+// here by default on sm90 for matrices of ≥ 12 M weights, or every such call with MLX_BUN_FAST_QMV=exact.
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul } from "../quantized.ts";
 import { custom_kernel } from "./kernel.ts";

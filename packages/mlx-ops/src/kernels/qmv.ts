@@ -19,6 +19,7 @@
 //   is why the model keeps MLX's op unless MLX_BUN_FAST_QMV=1.
 import { isFloating, type MlxArray, MlxError, type Stream } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul, type QuantMode } from "../quantized.ts";
+import { cuda_arch, EXACT_ARCH } from "./cuda-arch.ts";
 import { custom_kernel, inputsKey, type KernelRunOptions, kernel_environment, select_kernel_path } from "./kernel.ts";
 import { qmv_exact_kernel } from "./qmv-exact.ts";
 
@@ -406,15 +407,16 @@ export function qmv(
 // ------------------------------------------------------------------------------------------
 
 /**
- * "on": the kernel wherever a GPU source runs (at most QMV_MAX_ROWS rows of x); "off" and
- * "auto" (the default): MLX's op. "auto" stays off on every backend until the kernel meets the
- * rule for fast paths (teacher-forced KL against MLX's op ≤ 1e-4 per token) and is faster end to
- * end: on the H200 it measured KL 3.3e-3 per token and 0.80× decode tok/s (docs/benchmarks.md).
- * "exact": mlxb_qmv_exact (qmv-exact.ts, MLX's own CUDA arithmetic with wider loads) where MLX's
- * CUDA op would run its qmv on sm90 (H100/H200) — one row of bf16 x, 4-bit affine, N and K ≤
- * 16384 — and MLX's op elsewhere (other architectures may dispatch those shapes to other kernels,
- * so the bits are MLX's there only where MLX also runs its qmv): bit for bit with MLX's op on an
- * H100, but opt-in while decode is host-paced (equal tok/s end to end, docs/benchmarks.md).
+ * "auto" (the default): "exact" on CUDA sm90 (H100/H200), where the exact-order kernel was read
+ * from and checked against MLX's SASS, for matrices of at least QMV_EXACT_AUTO_MIN_ELEMENTS weights
+ * (where it is the faster kernel); MLX's op elsewhere. "off": MLX's op. "on": the
+ * float32-accumulating kernel wherever a GPU source runs (at most QMV_MAX_ROWS rows of x): not a
+ * default anywhere, since on the H200 it measured KL 3.3e-3 per token against MLX's op and 0.80×
+ * decode tok/s (docs/benchmarks.md). "exact": mlxb_qmv_exact (qmv-exact.ts, MLX's own CUDA
+ * arithmetic with wider loads) where MLX's CUDA op would run its qmv on sm90 — one row of bf16 x,
+ * 4-bit affine, N and K ≤ 16384 — and MLX's op elsewhere (other architectures may dispatch those
+ * shapes to other kernels, so the bits are MLX's there only where MLX also runs its qmv): bit for
+ * bit with MLX's op on an H100, 1.5× decode tok/s with the fused exact norms (docs/benchmarks.md).
  */
 export type FastQmvSetting = "auto" | "on" | "off" | "exact";
 /** N and K up to which MLX 0.32's CUDA quantized_matmul runs its qmv for one row on sm90. */
@@ -426,8 +428,17 @@ const MLX_QMV_MAX_DIM = 16384;
  */
 export const QMV_MAX_ROWS = 4;
 
+/**
+ * Weight elements (N·K) from which "auto" takes the exact-order kernel: on an H100 its deeper loads
+ * win on the 12B's 15-59 M-element matrices (1.2-1.6× on gate/up, down, q; o within 3%) and the
+ * 1B's 19 M wide MLPs (1.05×), and lose on the 8-9 M ones (12B k/v 0.83×, 1B gate/up 0.90×), where
+ * a block's ramp-up dominates (docs/benchmarks.md, "The exact-order matvec on a GPU").
+ */
+export const QMV_EXACT_AUTO_MIN_ELEMENTS = 12 * 2 ** 20;
+
 let setting: FastQmvSetting | undefined;
-let resolved: { on: boolean; exact: boolean } | undefined;
+/** exact: the setting routes calls to the exact-order kernel; exactMin: from how many weight elements. */
+let resolved: { on: boolean; exact: boolean; exactMin: number } | undefined;
 
 function envSetting(): FastQmvSetting {
   const v = process.env.MLX_BUN_FAST_QMV;
@@ -440,24 +451,24 @@ function envSetting(): FastQmvSetting {
 
 /**
  * Choose the quantized decode path for `quantized_linear` (the model's quantized layers):
- * "auto" (default; MLX_BUN_FAST_QMV=0|1|exact|auto overrides it) and "off": mx.quantized_matmul,
- * the exact path every parity test runs on; "on": the kernel where a GPU source runs; "exact": the
- * exact-order kernel where MLX's CUDA op would run its qmv (FastQmvSetting). `undefined` goes back
- * to the environment variable.
+ * "auto" (default; MLX_BUN_FAST_QMV=0|1|exact|auto overrides it): the exact-order kernel on CUDA
+ * sm90, mx.quantized_matmul elsewhere; "off": mx.quantized_matmul, the path every parity test runs
+ * on; "on": the float32 kernel where a GPU source runs; "exact": the exact-order kernel where MLX's
+ * CUDA op would run its qmv (FastQmvSetting). `undefined` goes back to the environment variable.
  */
 export function set_fast_qmv(s: FastQmvSetting | undefined): void {
   setting = s;
   resolved = undefined;
 }
 
-function resolve(): { on: boolean; exact: boolean } {
+function resolve(): { on: boolean; exact: boolean; exactMin: number } {
   if (resolved === undefined) {
     const s = setting ?? envSetting();
     const path = select_kernel_path(qmv_kernel.spec, kernel_environment());
-    // "auto" is off: see FastQmvSetting for the measurements that keep it so.
     const on = path !== "reference" && s === "on";
-    const exact = s === "exact" && select_kernel_path(qmv_exact_kernel.spec, kernel_environment()) === "cuda";
-    resolved = { on, exact };
+    const cuda = select_kernel_path(qmv_exact_kernel.spec, kernel_environment()) === "cuda";
+    const auto = s === "auto" && cuda && cuda_arch() === EXACT_ARCH;
+    resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0 };
   }
   return resolved;
 }
@@ -499,7 +510,7 @@ function kernelLinear(
   biases: MlxArray,
   bits: number,
   group_size: number,
-  r: { on: boolean; exact: boolean },
+  r: { on: boolean; exact: boolean; exactMin: number },
 ): MlxArray | null {
   const K = x.shape[x.ndim - 1]!;
   const M = x.size / K;
@@ -510,7 +521,7 @@ function kernelLinear(
   const inputs = [x, w, scales, biases];
   // Exact: only where MLX's own op would run its qmv, whose bits the kernel keeps.
   const mlxQmv = M === 1 && bits === 4 && w.shape[0]! <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM;
-  if (r.exact && mlxQmv && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16") {
+  if (r.exact && mlxQmv && w.shape[0]! * K >= r.exactMin && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16") {
     return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
   }
   return r.on && M >= 1 && M <= QMV_MAX_ROWS ? qmv_kernel.runKeyed(inputs, inputsKey(inputs))[0]! : null;

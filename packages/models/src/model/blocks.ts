@@ -134,7 +134,7 @@ function queries(lw: LayerWeights, q0: MlxArray, B: number, L: number, eps: numb
 /**
  * The residual point `h + rms_norm(y, post)` (times `scale`, Gemma's layer scalar, where given)
  * and, with `next`, that sum's norm by `next` (the next block's input norm). MLX's ops in that
- * order; on CUDA with exact norms on (MLX_BUN_EXACT_NORMS=on), one launch of a kernel that keeps
+ * order; on CUDA with exact norms on (MLX_BUN_EXACT_NORMS, by default on sm90), one launch of a kernel that keeps
  * their bits (packages/mlx-ops/src/kernels/norm-exact.ts).
  */
 export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, s: Scope, scale?: MlxArray): MlxArray;

@@ -43,8 +43,8 @@ function localLinear(m: ModuleWeights, x: MlxArray): MlxArray {
 }
 
 function baseLinear(m: ModuleWeights, x: MlxArray): MlxArray {
-  // quantized_linear = mx.quantized_matmul(transpose = true); with MLX_BUN_FAST_QMV=1 (off by
-  // default) the mlx-ops qmv kernel at decode sizes on a GPU (docs/custom-kernels.md).
+  // quantized_linear = mx.quantized_matmul(transpose = true), or on CUDA sm90 (MLX_BUN_FAST_QMV=auto)
+  // the exact-order matvec with MLX's bits for large one-row products (docs/custom-kernels.md).
   if (m.quant) return mx.kernels.quantized_linear(x, m.weight, m.scales!, m.biases, qopts(m.quant));
   using wt = mx.transpose(m.weight);
   return mx.matmul(x, wt);
