@@ -9,6 +9,7 @@ const archKernel = custom_kernel({
   name: "mlxb_cuda_arch",
   input_names: ["x"],
   output_names: ["arch"],
+  // A kernel takes at least one input; the value of x does not matter.
   cuda: { source: "arch[0] = __CUDA_ARCH__ + 0 * x[0];" },
   // No GPU: no architecture.
   reference: (_inputs, s) => [zeros([1], "int32", s)],
