@@ -4,11 +4,7 @@
 # rank: first a plain size-1 group, then under `mlx-bun launch -n 1 --backend nccl` when the
 # mlx-cuda wheel has NCCL (NCCL init with MLX_WORLD_SIZE=1). Output in $OUT/distributed.log.
 #   bash tools/bench/device/distributed-h200.sh
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-cd "$root"
-OUT="${OUT:-/tmp/h200-out}"
-mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 NO_COMPARE=1 bash tools/bench/device/run-h200.sh || exit 1
 PY="${PY:-/opt/torch/.venv/bin/python3}"
 SITE="${SITE:-$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}"

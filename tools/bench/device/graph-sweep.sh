@@ -6,11 +6,7 @@
 # default for the card, 200, and no CUDA graphs: every kernel launched directly). Per setting:
 # decode-step-profile.ts --host (build / encode / wait per step, exact and exact-order matvec paths)
 # and qmv-decode.ts --ab exact-qmv (KL, then tok/s of both paths and mlx-lm, same setting for all).
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-cd "$root"
-OUT="${OUT:-/tmp/h200-out}"
-mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 PY="${MLX_BUN_PYTHON:-python3}"
 M12="${M12:-.native/bench-models/gemma4-12b-4bit}"
 SETTINGS="${SETTINGS:-MLX_MAX_OPS_PER_BUFFER=60 MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=100 MLX_MAX_OPS_PER_BUFFER=200}"

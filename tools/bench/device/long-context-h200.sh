@@ -9,11 +9,7 @@
 # run-h200.sh spends some before THEN), LC_ARGS (more long-context.ts options, e.g.
 # "--lengths 131072 --modes bf16,turbo:4,3"), MODEL (default /tmp/m12full, written when absent).
 # Outputs in $OUT: long-context.json (rewritten after every variant), long-context.md, long-context.log.
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-cd "$root"
-OUT="${OUT:-/tmp/h200-out}"
-mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 PY="${MLX_BUN_PYTHON:-/opt/torch/.venv/bin/python3}"
 MODEL="${MODEL:-/tmp/m12full}"
 BUDGET="${BUDGET:-500}"

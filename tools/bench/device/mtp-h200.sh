@@ -21,11 +21,7 @@
 #   MLX_BUN_PYTHON=.native/venv/bin/python OUT=/tmp/mtp-out MODEL_1B=.native/bench-models/gemma4-mini-4bit \
 #     MODEL_12B=/tmp/m12-tiny MAKE12_ARGS="--hidden 256 --layers 6 --mlp 512 --vocab 4096" REPS=1 TOKENS=16 \
 #     bash tools/bench/device/mtp-h200.sh
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-cd "$root"
-OUT="${OUT:-/tmp/h200-out}"
-mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 exec > >(tee -a "$OUT/mtp-h200.log") 2>&1
 PY="${MLX_BUN_PYTHON:-python3}"
 export MLX_BUN_PYTHON="$PY"

@@ -13,11 +13,7 @@
 #             kernels against the default settings instead
 #   ops       --ab exact-all under MLX_MAX_OPS_PER_BUFFER=N for each N in OPS (mlx-bun's own default: 60)
 #   graphs    graph-sweep.sh over SETTINGS with what time is left
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-cd "$root"
-OUT="${OUT:-/tmp/h200-out}"
-mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 PY="${MLX_BUN_PYTHON:-python3}"
 B=.native/bin/bun
 M12="${M12:-.native/bench-models/gemma4-12b-4bit}"

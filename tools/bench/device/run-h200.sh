@@ -7,11 +7,7 @@
 # Dry run here (CPU, the mini model, a scratch site dir):
 #   SITE=/tmp/site MLXLIB=.native/venv/lib/python3.11/site-packages/mlx/lib PY=.native/venv/bin/python SIZE=mini \
 #     OUT=/tmp/out bash tools/bench/device/run-h200.sh --quick --no-http
-set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
-cd "$root"
-OUT="${OUT:-/tmp/h200-out}"
-mkdir -p "$OUT"
+source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 PY="${PY:-/opt/torch/.venv/bin/python3}"
 SITE="${SITE:-$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}"
 MLXLIB="${MLXLIB:-$SITE/mlx/lib}"   # overrides only for a dry run on another machine
