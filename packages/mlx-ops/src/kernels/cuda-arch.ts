@@ -17,7 +17,7 @@ const archKernel = custom_kernel({
 });
 
 /** The architecture whose MLX SASS the exact kernels reproduce (sm90: H100, H200). */
-export const EXACT_ARCH = 900;
+const EXACT_ARCH = 900;
 
 let arch: number | null | undefined;
 
@@ -34,4 +34,9 @@ export function cuda_arch(): number | null {
     }
   }
   return arch;
+}
+
+/** Whether the live GPU is the one the exact kernels were read from and checked on: what their "auto" settings need. */
+export function on_exact_arch(): boolean {
+  return cuda_arch() === EXACT_ARCH;
 }

@@ -11,7 +11,7 @@ import type { MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { add, multiply } from "../elementwise.ts";
 import { fast } from "../fast.ts";
 import { reshape, slice, transpose } from "../shape.ts";
-import { cuda_arch, EXACT_ARCH } from "./cuda-arch.ts";
+import { on_exact_arch } from "./cuda-arch.ts";
 import { type CustomKernel, custom_kernel, inputsKey, kernel_environment, select_kernel_path } from "./kernel.ts";
 
 /** Rows longer than this run MLX's looped `rms_norm` kernel, whose partition these do not model. */
@@ -424,7 +424,7 @@ export function exact_norms_enabled(): boolean {
     if (!NORMS_SETTINGS.includes(v)) throw new Error(`MLX_BUN_EXACT_NORMS=${v}: expected auto, on, off or always`);
     const probe = residual_norm_kernel({ eps: 1e-6, scaled: false }).spec;
     const cuda = select_kernel_path(probe, kernel_environment()) === "cuda";
-    normsOn = v === "always" || (v === "on" && cuda) || (v === "auto" && cuda && cuda_arch() === EXACT_ARCH);
+    normsOn = v === "always" || (v === "on" && cuda) || (v === "auto" && cuda && on_exact_arch());
   }
   return normsOn;
 }

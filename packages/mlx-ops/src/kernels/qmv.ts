@@ -19,7 +19,7 @@
 //   is why the model keeps MLX's op unless MLX_BUN_FAST_QMV=1.
 import { isFloating, type MlxArray, MlxError, type Stream } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul, type QuantMode } from "../quantized.ts";
-import { cuda_arch, EXACT_ARCH } from "./cuda-arch.ts";
+import { on_exact_arch } from "./cuda-arch.ts";
 import { custom_kernel, inputsKey, type KernelRunOptions, kernel_environment, select_kernel_path } from "./kernel.ts";
 import { qmv_exact_kernel } from "./qmv-exact.ts";
 
@@ -467,7 +467,7 @@ function resolve(): { on: boolean; exact: boolean; exactMin: number } {
     const path = select_kernel_path(qmv_kernel.spec, kernel_environment());
     const on = path !== "reference" && s === "on";
     const cuda = select_kernel_path(qmv_exact_kernel.spec, kernel_environment()) === "cuda";
-    const auto = s === "auto" && cuda && cuda_arch() === EXACT_ARCH;
+    const auto = s === "auto" && cuda && on_exact_arch();
     resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0 };
   }
   return resolved;
