@@ -18,7 +18,7 @@ import {
 } from "../config.ts";
 import { WeightsError } from "../errors.ts";
 import { findWeights, loadPickedTensors } from "../weights.ts";
-import { attentionShared, feedForwardDense, feedForwardMoe, type Hidden, layerEnd, type LayerWeights, type ModelConsts } from "./blocks.ts";
+import { attentionShared, feedForwardDense, feedForwardMoe, firstHidden, layerEnd, type LayerWeights, type ModelConsts, nextNorm } from "./blocks.ts";
 import { layerRopeFreqs } from "./gemma4.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights } from "./nn.ts";
 import { Scope } from "./scope.ts";
@@ -206,13 +206,13 @@ export class Gemma4Assistant implements Disposable {
     const h = s.t(linear(this.preProjection, inputs));
     const c = this.consts;
     const layers = this.layers;
-    let x: Hidden = { h, n: s.t(mx.fast.rms_norm(h, layers[0]!.inputNorm, c.eps)) };
+    let x = firstHidden(h, layers, c.eps, s);
     layers.forEach((lw, i) => {
       const k = kv.get(lw.spec.type);
       if (!k) throw new WeightsError(`Gemma4Assistant.step: no target K/V for ${lw.spec.type} layers`);
       const a = attentionShared(lw, x, k.mask, { view: k.view, offset: position }, B, N, c.eps, s);
       const ff = lw.moe ? feedForwardMoe(lw, a, c, s) : feedForwardDense(lw, a, s);
-      x = layerEnd(lw, a.h, ff, undefined, i + 1 < layers.length ? layers[i + 1]!.inputNorm : this.norm, c.eps, s);
+      x = layerEnd(lw, a.h, ff, undefined, nextNorm(layers, i, this.norm), c.eps, s);
     });
     const normed = x.n.retain();
     return { hidden: linear(this.postProjection, normed), normed };

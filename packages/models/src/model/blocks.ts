@@ -76,6 +76,16 @@ export interface Hidden {
   n: MlxArray;
 }
 
+/** The first layer's input `h` with its input norm, as the layer loop carries it. */
+export function firstHidden(h: MlxArray, layers: readonly LayerWeights[], eps: number, s: Scope): Hidden {
+  return { h, n: s.t(mx.fast.rms_norm(h, layers[0]!.inputNorm, eps)) };
+}
+
+/** The norm layer `i`'s end takes with its residual: the next layer's input norm, or `final` after the last. */
+export function nextNorm(layers: readonly LayerWeights[], i: number, final: MlxArray): MlxArray {
+  return i + 1 < layers.length ? layers[i + 1]!.inputNorm : final;
+}
+
 /** A KV-owning layer's products that its KV-sharing layers reuse. */
 export interface Shared {
   view: KvView;

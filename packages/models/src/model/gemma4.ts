@@ -16,12 +16,14 @@ import {
   feedForwardDense,
   feedForwardMoe,
   finalLogits,
+  firstHidden,
   type Hidden,
   layerEnd,
   type LayerWeights,
   layerMask,
   type ModelConsts,
   type ModelParts,
+  nextNorm,
   perLayerInput,
   releaseShared,
   type Shared,
@@ -216,7 +218,7 @@ export class Gemma4Model implements Disposable {
     }
     const shared: (Shared | undefined)[] = new Array(this.specs.length);
     const layers = this.parts.layers;
-    let x: Hidden = { h: embedded, n: s.t(mx.fast.rms_norm(embedded, layers[0]!.inputNorm, c.eps)) };
+    let x = firstHidden(embedded, layers, c.eps, s);
     try {
       layers.forEach((lw, i) => {
         const spec = lw.spec;
@@ -228,8 +230,8 @@ export class Gemma4Model implements Disposable {
           shared[spec.index] = r.shared;
         } else a = attentionShared(lw, x, mask, shared[spec.kvSource], B, N, c.eps, s);
         const ff = lw.moe ? feedForwardMoe(lw, a, c, s) : feedForwardDense(lw, a, s);
-        const next = i + 1 < layers.length ? layers[i + 1]!.inputNorm : this.parts.norm;
-        x = layerEnd(lw, a.h, ff, perLayer && lw.ple ? perLayerInput(perLayer, spec.index, s) : undefined, next, c.eps, s);
+        const input = perLayer && lw.ple ? perLayerInput(perLayer, spec.index, s) : undefined;
+        x = layerEnd(lw, a.h, ff, input, nextNorm(layers, i, this.parts.norm), c.eps, s);
       });
     } finally {
       releaseShared(shared);
