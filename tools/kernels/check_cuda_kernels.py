@@ -537,6 +537,15 @@ def check_qmv_exact(k, emulate):
         else:
             ref = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=gs, bits=4)
             ok = compare(f"mlxb_qmv_exact {label} (MLX's op, bit for bit)", out, ref, 0, 0) and ok
+    if not emulate:
+        # A stack taller than MLX's qmv bound (the 12B's gate/up, 2 × 15360 rows; fused-linear.ts): each
+        # part's rows as MLX's op gives them for that part alone (MLX runs another kernel on the stack).
+        x, wq, scales, biases = qmv_inputs((1, 1), 30720, 3840, 4, 64, mx.bfloat16, 190)
+        out = k(inputs=[x, wq, scales, biases], output_shapes=[(1, 1, 30720)], output_dtypes=[mx.bfloat16],
+                **qmv_exact_launch(1, 30720, 3840, 64))[0]
+        ref = mx.concatenate([mx.quantized_matmul(x, wq[r:r + 15360], scales[r:r + 15360], biases[r:r + 15360], transpose=True,
+                                                  group_size=64, bits=4) for r in (0, 15360)], axis=-1)
+        ok = compare("mlxb_qmv_exact N30720 = 2 × 15360 K3840 g64 (MLX's op per part, bit for bit)", out, ref, 0, 0) and ok
     return ok
 
 
@@ -750,20 +759,72 @@ def check_qkv_norm(k, emulate):
     return check_qkv_rope(k, emulate) and ok
 
 
+# (hq, dim, rope dims or 0, base or None for freqs, scale, offset): a KV-sharing layer's queries, sliding
+# (θ 10⁴) and full (proportional freqs), and without RoPE over two rows.
+Q_NORM_SHAPES = [(8, 256, 256, 10000.0, 1.0, 37), (8, 512, 512, None, 1.0, 1234), (3, 128, 0, None, 1.0, 0)]
+
+
+def check_q_norm(k, emulate):
+    ok = True
+    for i, (hq, dim, rd, base, scale, offset) in enumerate(Q_NORM_SHAPES):
+        mx.random.seed(500 + i)
+        rows = 1 if rd else 2
+        x = (mx.random.normal((rows, 1, hq * dim)) * 3).astype(mx.bfloat16)
+        qw = (1 + 0.5 * mx.random.normal((dim,))).astype(mx.bfloat16)
+        off = mx.array([offset], dtype=mx.int32)
+        freqs = proportional_freqs(rd) if rd and base is None else None
+        block, chunks = mlx_norm_partition(dim)
+        log2b = float(np.float32(math.log2(np.float32(base)))) if base is not None else 1.0
+        rope = 0 if not rd else (1 if base is not None else 2)
+        shape = (1, hq, 1, dim) if rd else (rows, 1, hq, dim)
+        (out,) = k(inputs=[x, qw, off if rd else qw, freqs if freqs is not None else qw], output_shapes=[shape],
+                   output_dtypes=[mx.bfloat16], grid=(rows * hq * block, 1, 1), threadgroup=(block, 1, 1),
+                   template=[("A", dim), ("BLOCK", block), ("CHUNKS", chunks), ("EPS_BITS", eps_bits(NORM_EPS)), ("ROPE", rope),
+                             ("RD", rd or 2), ("SCALE_BITS", eps_bits(scale)), ("BASE_BITS", eps_bits(log2b))])
+        q0 = x.reshape(rows, 1, hq, dim)
+        if emulate:
+            n = mlx_cuda_rms_model(q0, qw, NORM_EPS)
+            ref = mlx_cuda_rope_model(n.transpose(0, 2, 1, 3), rd, base, freqs, scale, offset) if rd else n
+            how = "MLX CUDA model"
+        else:
+            n = mx.fast.rms_norm(q0, qw, NORM_EPS)
+            ref = mx.fast.rope(n.transpose(0, 2, 1, 3), rd, traditional=False, base=base, scale=scale, offset=off, freqs=freqs) if rd else n
+            how = "MLX's rms_norm and rope, bit for bit" if rd else "MLX's rms_norm, bit for bit"
+        label = f"heads {hq} dim {dim} " + (f"rope {rd} {'base ' + str(base) if base else 'freqs'} at {offset}" if rd else f"rows {rows}, no rope")
+        ok = compare(f"mlxb_q_norm_exact {label} ({how})", out, ref, 0, 0) and ok
+    return ok
+
+
+def residual_sum_model(h, y, pw, scale, emulate):
+    """h + rms_norm(y, pw), times scale where given: MLX's ops, or in the emulator their CUDA model."""
+    if not emulate:
+        s = mx.add(h, mx.fast.rms_norm(y, pw, NORM_EPS))
+        return s if scale is None else mx.multiply(s, scale)
+    yn = mlx_cuda_rms_model(y, pw, NORM_EPS)
+    s = bf16(np.array(h.astype(mx.float32)) + np.array(yn.astype(mx.float32)))
+    return s if scale is None else bf16(np.array(s.astype(mx.float32)) * np.array(scale.astype(mx.float32)))
+
+
+def check_residual(k, emulate):
+    """mlxb_residual_exact: the residual point without the next norm (the cases of the fused one)."""
+    ok = True
+    how = "MLX CUDA model" if emulate else "MLX's ops, bit for bit"
+    for label, launch, (h, y, pw, nw, scale) in residual_norm_cases():
+        ins = launch["inputs"]
+        (h_out,) = k(**{**launch, "inputs": [ins[0], ins[1], ins[2], ins[4]], "output_shapes": launch["output_shapes"][:1],
+                        "output_dtypes": launch["output_dtypes"][:1]})
+        ok = compare(f"mlxb_residual_exact {label} sum ({how})", h_out, residual_sum_model(h, y, pw, scale, emulate), 0, 0) and ok
+    return ok
+
+
 def check_residual_norm(k, emulate):
     ok = True
     for label, launch, (h, y, pw, nw, scale) in residual_norm_cases():
         h_out, n_out = k(**launch)
+        s = residual_sum_model(h, y, pw, scale, emulate)
         if emulate:
-            yn = mlx_cuda_rms_model(y, pw, NORM_EPS)
-            s = bf16(np.array(h.astype(mx.float32)) + np.array(yn.astype(mx.float32)))
-            if scale is not None:
-                s = bf16(np.array(s.astype(mx.float32)) * np.array(scale.astype(mx.float32)))
             n, how = mlx_cuda_rms_model(s, nw, NORM_EPS), "MLX CUDA model"
         else:
-            s = mx.add(h, mx.fast.rms_norm(y, pw, NORM_EPS))
-            if scale is not None:
-                s = mx.multiply(s, scale)
             n, how = mx.fast.rms_norm(s, nw, NORM_EPS), "MLX's ops, bit for bit"
         ok = compare(f"mlxb_residual_norm_exact {label} sum ({how})", h_out, s, 0, 0) and ok
         ok = compare(f"mlxb_residual_norm_exact {label} norm ({how})", n_out, n, 0, 0) and ok
@@ -966,7 +1027,8 @@ def main() -> None:
         ok = check_turbo_encode(compiled(specs["mlxb_turbo_encode_values"], emulate), specs["mlxb_turbo_encode_values"], emulate, quick) and ok
     if "mlxb_qmv_exact" in specs and (not only or "mlxb_qmv_exact" in only):
         ok = check_qmv_exact(compiled(specs["mlxb_qmv_exact"], emulate), emulate) and ok
-    for name, check in (("mlxb_qkv_norm_exact", check_qkv_norm), ("mlxb_residual_norm_exact", check_residual_norm)):
+    for name, check in (("mlxb_qkv_norm_exact", check_qkv_norm), ("mlxb_q_norm_exact", check_q_norm),
+                        ("mlxb_residual_norm_exact", check_residual_norm), ("mlxb_residual_exact", check_residual)):
         if name in specs and (not only or name in only):
             ok = check(compiled(specs[name], emulate), emulate) and ok
     if "mlxb_turbo_unrotate" in specs and (not only or "mlxb_turbo_unrotate" in only):

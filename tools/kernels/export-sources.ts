@@ -4,7 +4,7 @@
 import { geglu_kernel } from "../../packages/mlx-ops/src/kernels/geglu.ts";
 import { qmv_kernel } from "../../packages/mlx-ops/src/kernels/qmv.ts";
 import { qmv_exact_kernel } from "../../packages/mlx-ops/src/kernels/qmv-exact.ts";
-import { qkv_norm_kernel, residual_norm_kernel } from "../../packages/mlx-ops/src/kernels/norm-exact.ts";
+import { q_norm_kernel, qkv_norm_kernel, residual_norm_kernel } from "../../packages/mlx-ops/src/kernels/norm-exact.ts";
 import { LLOYD_MAX_GAUSSIAN } from "../../packages/mlx-ops/src/turboquant.ts";
 import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-decode.ts";
 import { decodeCombineKernel } from "../../packages/kv-cache/src/kernels/decode-combine.ts";
@@ -21,7 +21,9 @@ const kernels = [
   qmv_exact_kernel,
   // The constants (heads, eps) are template arguments: any instance carries the source.
   qkv_norm_kernel({ hq: 1, hk: 1, hv: 1, dim: 256, eps: 1e-6 }),
-  residual_norm_kernel({ eps: 1e-6, scaled: false }),
+  q_norm_kernel({ hq: 1, dim: 256, eps: 1e-6 }),
+  residual_norm_kernel({ eps: 1e-6, scaled: false, next: true }),
+  residual_norm_kernel({ eps: 1e-6, scaled: false, next: false }),
   turboValuesKernel,
   turboEncodeKernel,
   turboUnrotateKernel,

@@ -1,4 +1,5 @@
-// The fused exact norms (mlxb_qkv_norm_exact, mlxb_residual_norm_exact): their CUDA bodies emulated
+// The fused exact norms (mlxb_qkv_norm_exact, mlxb_q_norm_exact, mlxb_residual_norm_exact,
+// mlxb_residual_exact): their CUDA bodies emulated
 // on this CPU against a model of MLX's CUDA RMSNorm written from its SASS
 // (tools/kernels/check_cuda_kernels.py, zero tolerance), a mutation the model must catch, MLX's
 // partition of a row, bad inputs refused, and, where CUDA is live, bit equality with MLX's own ops.
@@ -13,12 +14,21 @@ import { add, astype, multiply } from "../src/elementwise.ts";
 import { fast } from "../src/fast.ts";
 import { gpu_backend } from "../src/kernels/kernel.ts";
 import { cuda_arch } from "../src/kernels/cuda-arch.ts";
-import { norm_partition, qkv_norm_exact, residual_norm_exact, set_exact_norms, exact_norms_enabled } from "../src/kernels/norm-exact.ts";
+import {
+  exact_norms_enabled,
+  norm_partition,
+  q_norm_exact,
+  q_norm_fits,
+  qkv_norm_exact,
+  residual_exact,
+  residual_norm_exact,
+  set_exact_norms,
+} from "../src/kernels/norm-exact.ts";
 import { reshape, slice } from "../src/shape.ts";
 import { expectExact, randn } from "./seeded-inputs.ts";
 
 const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
-const NAMES = "mlxb_qkv_norm_exact,mlxb_residual_norm_exact";
+const NAMES = "mlxb_qkv_norm_exact,mlxb_q_norm_exact,mlxb_residual_norm_exact,mlxb_residual_exact";
 
 function check(sources: string): { code: number; out: string; stderr: string } {
   const r = Bun.spawnSync([oraclePython(), join(ROOT, "tools/kernels/check_cuda_kernels.py"), sources, "--emulate", "--only", NAMES], {
@@ -42,7 +52,7 @@ describe("fused exact norms", () => {
       const r = check(sources);
       const bad = r.out.split("\n").filter((l) => l.length > 0 && !/outside tolerance 0$/.test(l) && !l.startsWith("RESULT PASS"));
       expect({ code: r.code, bad, stderr: r.stderr }).toEqual({ code: 0, bad: [], stderr: r.stderr });
-      expect(r.out).toMatch(/RESULT PASS \(37 comparisons\)/);
+      expect(r.out).toMatch(/RESULT PASS \(48 comparisons\)/);
       // MLX rounds x·r to bf16 before the weight multiply; one rounding of x·r·w must fail the model.
       const specs = JSON.parse(readFileSync(sources, "utf8")) as { name: string; cuda: { header: string } }[];
       const mutated = specs
@@ -87,6 +97,15 @@ describe("fused exact norms", () => {
     expect(() => residual_norm_exact(h, y, w, w, null, 1e-6)).toThrow(/^kernel mlxb_residual_norm_exact\(.*\): h .* and y .* must have one shape$/);
     using s2 = randn([2], 5, "bfloat16");
     expect(() => residual_norm_exact(h, h, w, w, s2, 1e-6)).toThrow(/scale must be one bfloat16 value/);
+    expect(() => q_norm_exact(x, w, { hq: 3, dim: 64, eps: 1e-6 })).toThrow(/^kernel mlxb_q_norm_exact\(.*\): x .* must end in 192 = 3 heads × 64/);
+    using off = randn([2], 6, "bfloat16");
+    const rope = { dims: 64, base: 1e4, scale: 1 };
+    expect(q_norm_fits(x, w, { hq: 4, dim: 64, eps: 1e-6, rope }, { offset: off })).toBe(false);
+    expect(() => q_norm_exact(x, w, { hq: 4, dim: 64, eps: 1e-6, rope }, { offset: off })).toThrow(/offset must be one int32/);
+    expect(() => residual_exact(h, y, w, null, 1e-6)).toThrow(/^kernel mlxb_residual_exact\(.*\): h .* and y .* must have one shape$/);
+    expect(() => residual_exact(h, h, wf, null, 1e-6)).toThrow(
+      /^kernel mlxb_residual_exact\(.*\): norm weights must be \[64\] bfloat16, got array\(shape=\[64\], dtype=float32\)$/,
+    );
     expect(() => set_exact_norms("maybe" as "on")).toThrow(/expected "auto", "on", "off" or "always"/);
   });
 
@@ -152,6 +171,14 @@ describe("fused exact norms", () => {
       using ref = fast.rms_norm(scaled, nw, eps, gpu);
       expectExact(hO, scaled, `residual ${a} sum`);
       expectExact(nO, ref, `residual ${a} norm`);
+      using alone = residual_exact(h, y, pw, null, eps, gpu);
+      expectExact(alone, sum, `residual ${a} sum without scale or next norm`);
     }
+    using x = randn([2, 1, 8 * 256], 11, "bfloat16");
+    using qw = randn([256], 12, "bfloat16");
+    using q = q_norm_exact(x, qw, { hq: 8, dim: 256, eps }, null, gpu);
+    using x4 = reshape(x, [2, 1, 8, 256]);
+    using qRef = fast.rms_norm(x4, qw, eps, gpu);
+    expectExact(q, qRef, "q heads 8 × 256");
   });
 });

@@ -7,12 +7,24 @@ import { type Dtype, MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { oracle } from "../../../tools/oracle/oracle.ts";
 import { abs, astype } from "../src/elementwise.ts";
 import { max } from "../src/reduce.ts";
-import { reshape } from "../src/shape.ts";
+import { concatenate, reshape, slice } from "../src/shape.ts";
 import * as kernels from "../src/kernels/index.ts";
 import { quantize, quantized_matmul } from "../src/quantized.ts";
 import { expectClose, expectExact, expectNoLeaks, quantizedInputs, randn } from "./seeded-inputs.ts";
 
-const { cuda_arch, gpu_backend, qmv, qmv_kernel, qmv_config, qmv_launch_of, qmv_shape, quantized_linear, set_fast_qmv, fast_qmv_enabled } = kernels;
+const {
+  cuda_arch,
+  gpu_backend,
+  qmv,
+  qmv_kernel,
+  qmv_config,
+  qmv_launch_of,
+  qmv_shape,
+  quantized_linear,
+  quantized_linear_stacked,
+  set_fast_qmv,
+  fast_qmv_enabled,
+} = kernels;
 
 const inputs = quantizedInputs;
 const dispose = (xs: MlxArray[]) => xs.forEach((a) => a.dispose());
@@ -200,6 +212,58 @@ describe("qmv kernel", () => {
         using y = quantized_linear(x!, w!, s!, b!, { group_size: 64, bits });
         using ref = quantized_matmul(x!, w!, s!, b!, { group_size: 64, bits, transpose: true });
         expectExact(y, ref, `quantized_linear exact x[${lead}] N${n} K${k} ${bits}-bit`);
+      } finally {
+        dispose(xs);
+      }
+    }
+  });
+
+  test("quantized_linear_stacked declines (null) wherever the exact-order kernel is not taken, with any setting", () => {
+    // Two 8,200-row parts: a stack past MLX's qmv bound of 16384 rows, each part within it.
+    const xs = inputs([1], 16400, 256, 4, 64, "bfloat16", 11);
+    try {
+      const [x, w, s, b] = xs;
+      const q = { group_size: 64, bits: 4 };
+      const exactHere = gpu_backend() === "cuda";
+      for (const setting of ["off", "on", "exact"] as const) {
+        set_fast_qmv(setting);
+        using y = quantized_linear_stacked(x!, w!, s!, b!, q, 8200) ?? undefined;
+        expect(y !== undefined, `setting ${setting}`).toBe(exactHere && setting === "exact");
+      }
+      set_fast_qmv("exact");
+      // A part past the bound, 8-bit weights, several rows, or no biases: MLX's op would not run its qmv.
+      expect(quantized_linear_stacked(x!, w!, s!, b!, q, 16400)).toBeNull();
+      expect(quantized_linear_stacked(x!, w!, s!, undefined, q, 8200)).toBeNull();
+      using x2 = concatenate([x!, x!], 0);
+      expect(quantized_linear_stacked(x2, w!, s!, b!, q, 8200)).toBeNull();
+    } finally {
+      dispose(xs);
+    }
+  });
+
+  test.skipIf(gpu_backend() !== "cuda")("on CUDA, setting exact: quantized_linear_stacked equals MLX's op on each part, side by side, bit for bit", () => {
+    set_fast_qmv("exact");
+    const q = { group_size: 64, bits: 4 };
+    for (const [parts, k] of [
+      [[15360, 15360], 3840],
+      [[12288, 12288], 1536],
+    ] as const) {
+      const n = parts[0] + parts[1];
+      const xs = inputs([1, 1], n, k, 4, 64, "bfloat16", n + k);
+      try {
+        const [x, w, s, b] = xs;
+        using y = quantized_linear_stacked(x!, w!, s!, b!, q, parts[0]);
+        expect(y).not.toBeNull();
+        const refs = [0, parts[0]].map((at, i) => {
+          const rows = (a: MlxArray) => slice(a, [at, 0], [at + parts[i]!, a.shape[1]!]);
+          using wi = rows(w!);
+          using si = rows(s!);
+          using bi = rows(b!);
+          return quantized_matmul(x!, wi, si, bi, { ...q, transpose: true });
+        });
+        using ref = concatenate(refs, -1);
+        dispose(refs);
+        expectExact(y!, ref, `quantized_linear_stacked ${parts.join("+")} K${k}`);
       } finally {
         dispose(xs);
       }

@@ -5,11 +5,11 @@ import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { evaluate, exportToDot, memory } from "@mlx-bun/mlx-ffi";
+import { evaluate, exportToDot, type MlxArray, memory } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
 import { Gemma4Model, loadGemma4Config, loadWeights } from "../src/index.ts";
-import { linearParts, setFusedProjections } from "../src/model/fused-linear.ts";
-import { linear } from "../src/model/nn.ts";
+import { FUSED_MAX_DIM, fuseLinears, linearParts, setFusedProjections } from "../src/model/fused-linear.ts";
+import { linear, type ModuleWeights } from "../src/model/nn.ts";
 import { exactDiff } from "../../../tools/oracle/compare.ts";
 import { opCounts } from "../../../tools/oracle/dot-ops.ts";
 import { makeSuite, type TinySuite } from "./helpers.ts";
@@ -123,6 +123,38 @@ describe("fused projections", () => {
     const config = loadGemma4Config(ckpt);
     using weights = loadWeights(ckpt, config);
     expect(() => withEnv("maybe", () => new Gemma4Model(config, weights.tensors))).toThrow(/MLX_BUN_FUSED_PROJECTIONS=maybe: expected on or off/);
+  });
+
+  test("a stack taller than FUSED_MAX_DIM fuses only with parts within it, and gives each part's own outputs", () => {
+    using key = mx.random.key(5);
+    const owned: MlxArray[] = [];
+    const made: MlxArray[] = [];
+    const part = (rows: number): ModuleWeights => {
+      const w = mx.random.normal([rows, 128], { dtype: "bfloat16", key });
+      const [weight, scales, biases] = mx.quantize(w, { group_size: 64, bits: 4 });
+      w.dispose();
+      made.push(weight, scales, biases!);
+      return { weight, scales, biases, quant: { groupSize: 64, bits: 4, mode: "affine" } };
+    };
+    try {
+      // Past the bound only as a stack: fused, marked tall with its widest part.
+      const parts = [part(8200), part(8192)];
+      const g = fuseLinears(parts, owned, (_, view) => made.push(view))!;
+      expect(g.tall).toBe(8200);
+      expect(8200 + 8192).toBeGreaterThan(FUSED_MAX_DIM);
+      // A part past the bound: MLX's op itself would leave its qmv for that part, so no stack.
+      expect(fuseLinears([part(FUSED_MAX_DIM + 8), part(8)], owned, () => {})).toBeNull();
+      using x = mx.random.normal([1, 1, 128], { dtype: "bfloat16", key });
+      const got = linearParts(g, parts, x);
+      const want = parts.map((p) => linear(p, x));
+      try {
+        for (let i = 0; i < parts.length; i++) expect(exactDiff(got[i]!, want[i]!), `part ${i}`).toBeNull();
+      } finally {
+        for (const a of [...got, ...want]) a.dispose();
+      }
+    } finally {
+      for (const a of [...owned, ...made]) a.dispose();
+    }
   });
 
   test("a single row takes the fused matmul and gives each part's own outputs; several rows and an adapter take the parts", () => {

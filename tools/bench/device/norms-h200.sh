@@ -3,8 +3,8 @@
 # of run-h200.sh (which unpacks MLX's CUDA build):
 #   NO_COMPARE=1 SIZE=mini OUT=$OUT THEN='bash tools/bench/device/norms-h200.sh' bash tools/bench/device/run-h200.sh
 # Steps (STEPS, default all, each skipped when DEADLINE seconds would be passed):
-#   check     check_cuda_kernels.py --only the two norm kernels: NVRTC, then bit equality with MLX's
-#             rms_norm / add / multiply on the GPU
+#   check     check_cuda_kernels.py --only the four norm kernels and the exact-order matvec: NVRTC,
+#             then bit equality with MLX's rms_norm / RoPE / add / multiply / quantized_matmul on the GPU
 #   norms     qmv-decode.ts --ab exact-norms on the 12B-shaped model: teacher-forced KL and max
 #             |Δ logprob| of MLX_BUN_EXACT_NORMS=on against MLX's norms, then tok/s of both and mlx-lm
 #   all       the same with both exact kernels (norms and the exact-order matvec): --ab exact-all
@@ -26,8 +26,9 @@ left() { echo $((DEADLINE - SECONDS)); }
 
 if has check; then
   $B tools/kernels/export-sources.ts /tmp/kernel-sources.json >/dev/null || exit 1
-  log "check_cuda_kernels.py (norm kernels)"
-  timeout 150 "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json --only mlxb_qkv_norm_exact,mlxb_residual_norm_exact 2>&1 | tee "$OUT/norms-check.log" | tail -32
+  log "check_cuda_kernels.py (norm kernels, exact-order matvec)"
+  timeout 150 "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json \
+    --only mlxb_qkv_norm_exact,mlxb_q_norm_exact,mlxb_residual_norm_exact,mlxb_residual_exact,mlxb_qmv_exact 2>&1 | tee "$OUT/norms-check.log" | tail -32
 fi
 if { has norms || has all || has ladder || has ops || has graphs; } && [ ! -f "$M12/config.json" ]; then
   log "writing the 12B-shaped checkpoint"

@@ -1,6 +1,7 @@
 // RMSNorm fused with its neighbours in a decode step, keeping MLX's CUDA bits: the q/k/v head norms
-// of one layer in one launch, and a residual point (branch norm, residual add, optional layer
-// scale, the next block's input norm) in one launch instead of three or four. MLX 0.32.4's
+// of one layer (or a KV-sharing layer's q alone) with RoPE in one launch, and a residual point
+// (branch norm, residual add, optional layer scale, optionally the next block's input norm) in one
+// launch instead of two to four. MLX 0.32.4's
 // `rms_norm_small` (read from its sm_90a SASS; docs/custom-kernels.md, "MLX's CUDA RMSNorm, as
 // compiled") gives one block a row, thread t the 8-value vectors BLOCK·i + t, an FFMA chain per
 // thread, a two-level warp butterfly, IEEE division, `+ eps`, `rsqrtf`, then bf16(x·r) times the
@@ -83,11 +84,46 @@ __device__ __forceinline__ __nv_bfloat16 mlxb_norm_out(__nv_bfloat16 x, float r,
   const __nv_bfloat16 y = __float2bfloat16_rn(__bfloat162float(x) * r);
   return w ? __hmul_rn(w[e], y) : y;
 }
+// f(i, j, c) for each value a thread holds, vector i, value j, column c < A (mlxb_norm_load's map).
+template <int BLOCK, int CHUNKS, int A, typename Fn>
+__device__ __forceinline__ void mlxb_norm_each(Fn f) {
+#pragma unroll
+  for (int i = 0; i < CHUNKS; ++i) {
+    const int e = (BLOCK * i + (int)threadIdx.x) * 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) if (e + j < A) f(i, j, e + j);
+  }
+}
+// One head of a projection's output: src normed by w (none: v) into dst; with ROPE and \`rotate\`
+// (q and k), then rotated at pos, the normed row passing through shared row_n (a rotation pairs
+// values of other threads). A block per head: \`rotate\` is the same for every thread of it.
+template <int BLOCK, int CHUNKS, int A, int ROPE, int RD, typename F>
+__device__ __forceinline__ void mlxb_head_norm(const __nv_bfloat16* src, __nv_bfloat16* dst, const __nv_bfloat16* w, bool rotate, float eps,
+                                               float pos, float log2_base, const F* freqs, float* tmp, __nv_bfloat16* row_n) {
+  __nv_bfloat16 vals[CHUNKS][8];
+  mlxb_norm_load<BLOCK, CHUNKS, A>(src, vals);
+  const float r = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, eps, tmp);
+  if (ROPE != 0 && rotate) {
+    mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { row_n[c] = mlxb_norm_out(vals[i][j], r, w, c); });
+    __syncthreads();
+    mlxb_norm_each<BLOCK, CHUNKS, A>([&](int, int, int c) { dst[c] = c < RD ? mlxb_rope_one<RD, ROPE>(row_n, c, pos, log2_base, freqs) : row_n[c]; });
+    return;
+  }
+  mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { dst[c] = mlxb_norm_out(vals[i][j], r, w, c); });
+}
 `;
 
-const QKV_CUDA = `
-  constexpr int HT = HQ + 2 * HK;
+// What a heads kernel takes once per block: shared scratch, eps, and the position and base of RoPE.
+const ROPE_CONSTS_CUDA = `
   __shared__ float tmp[BLOCK / 32];
+  __shared__ __nv_bfloat16 row_n[ROPE != 0 ? A : 1];
+  const float eps = __uint_as_float((unsigned)EPS_BITS);
+  const float pos = ROPE != 0 ? __fmul_rn(__uint_as_float((unsigned)SCALE_BITS), (float)offset[0]) : 0.0f;
+  const float log2_base = __uint_as_float((unsigned)BASE_BITS);
+`;
+
+const QKV_CUDA = `${ROPE_CONSTS_CUDA}
+  constexpr int HT = HQ + 2 * HK;
   const int row = (int)blockIdx.x / HT, h = (int)blockIdx.x % HT;
   const __nv_bfloat16* src = x + (size_t)row * ((HQ + HK + HV) * A);
   __nv_bfloat16* dst;
@@ -100,68 +136,36 @@ const QKV_CUDA = `
     const int vh = h - HQ - HK;
     src += (HV ? HQ + HK + vh : HQ + vh) * A; dst = v + ((size_t)row * HK + vh) * A; w = nullptr;
   }
-  __nv_bfloat16 vals[CHUNKS][8];
-  mlxb_norm_load<BLOCK, CHUNKS, A>(src, vals);
-  const float r = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, __uint_as_float((unsigned)EPS_BITS), tmp);
-  if (ROPE != 0 && h < HQ + HK) {
-    // q and k: the normed row through shared memory (a rotation pairs values of other threads).
-    __shared__ __nv_bfloat16 row_n[A];
-#pragma unroll
-    for (int i = 0; i < CHUNKS; ++i) {
-      const int e = (BLOCK * i + (int)threadIdx.x) * 8;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) if (e + j < A) row_n[e + j] = mlxb_norm_out(vals[i][j], r, w, e + j);
-    }
-    __syncthreads();
-    const float pos = __fmul_rn(__uint_as_float((unsigned)SCALE_BITS), (float)offset[0]);
-    const float log2_base = __uint_as_float((unsigned)BASE_BITS);
-#pragma unroll
-    for (int i = 0; i < CHUNKS; ++i) {
-      const int e = (BLOCK * i + (int)threadIdx.x) * 8;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int c = e + j;
-        if (c < A) dst[c] = c < RD ? mlxb_rope_one<RD, ROPE>(row_n, c, pos, log2_base, freqs) : row_n[c];
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < CHUNKS; ++i) {
-    const int e = (BLOCK * i + (int)threadIdx.x) * 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) if (e + j < A) dst[e + j] = mlxb_norm_out(vals[i][j], r, w, e + j);
-  }
+  mlxb_head_norm<BLOCK, CHUNKS, A, ROPE, RD>(src, dst, w, h < HQ + HK, eps, pos, log2_base, freqs, tmp, row_n);
 `;
 
-const RESIDUAL_CUDA = `
+// The queries alone (a KV-sharing layer's projection): a block per q head.
+const Q_CUDA = `${ROPE_CONSTS_CUDA}
+  const size_t head = (size_t)blockIdx.x * A;
+  mlxb_head_norm<BLOCK, CHUNKS, A, ROPE, RD>(x + head, q + head, q_w, true, eps, pos, log2_base, freqs, tmp, row_n);
+`;
+
+// h + rms_norm(y, post_w), times the scale where HAS_SCALE, to h_out; the sum stays in `vals`.
+const RESIDUAL_SUM_CUDA = `
   __shared__ float tmp1[BLOCK / 32];
-  __shared__ float tmp2[BLOCK / 32];
   const float eps = __uint_as_float((unsigned)EPS_BITS);
   const size_t base = (size_t)blockIdx.x * A;
   __nv_bfloat16 vals[CHUNKS][8];
   mlxb_norm_load<BLOCK, CHUNKS, A>(y + base, vals);
   const float r1 = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, eps, tmp1);
-#pragma unroll
-  for (int i = 0; i < CHUNKS; ++i) {
-    const int e = (BLOCK * i + (int)threadIdx.x) * 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      if (e + j < A) {
-        __nv_bfloat16 s = __hadd_rn(h[base + e + j], mlxb_norm_out(vals[i][j], r1, post_w, e + j));
-        if (HAS_SCALE) s = __hmul_rn(s, scale[0]);
-        h_out[base + e + j] = s;
-        vals[i][j] = s;
-      }
-    }
-  }
+  mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) {
+    __nv_bfloat16 s = __hadd_rn(h[base + c], mlxb_norm_out(vals[i][j], r1, post_w, c));
+    if (HAS_SCALE) s = __hmul_rn(s, scale[0]);
+    h_out[base + c] = s;
+    vals[i][j] = s;
+  });
+`;
+
+// Then the sum's norm by next_w to n_out.
+const RESIDUAL_NEXT_CUDA = `
+  __shared__ float tmp2[BLOCK / 32];
   const float r2 = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, eps, tmp2);
-#pragma unroll
-  for (int i = 0; i < CHUNKS; ++i) {
-    const int e = (BLOCK * i + (int)threadIdx.x) * 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) if (e + j < A) n_out[base + e + j] = mlxb_norm_out(vals[i][j], r2, next_w, e + j);
-  }
+  mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { n_out[base + c] = mlxb_norm_out(vals[i][j], r2, next_w, c); });
 `;
 
 /** Head counts of a fused q/k/v projection's output: `hv` 0 where v is k (k = v attention). */
@@ -178,6 +182,9 @@ export interface QkvHeads {
   rope?: { dims: number; base: number | null; scale: number };
 }
 
+/** The queries alone (a KV-sharing layer's q projection): QkvHeads without k and v. */
+export type QHeads = Omit<QkvHeads, "hk" | "hv">;
+
 /** float32 bits of a number (template arguments are integers). */
 function f32Bits(v: number): number {
   const b = new DataView(new ArrayBuffer(4));
@@ -191,20 +198,37 @@ function qkvCheck([x, qw, kw, offset, freqs]: readonly MlxArray[], p: QkvHeads):
   const { hq, hk, hv, dim } = p;
   for (const [name, v] of Object.entries({ hq, hk, dim })) if (!Number.isInteger(v) || v < 1) return `${name} = ${v} must be a positive integer`;
   if (hv !== 0 && hv !== hk) return `hv = ${hv} must be 0 (v is k) or hk = ${hk}`;
-  if (dim > NORM_EXACT_MAX_AXIS) return `head dim ${dim} is over ${NORM_EXACT_MAX_AXIS}`;
-  if (x!.dtype !== "bfloat16") return `x must be bfloat16, got ${x!.dtype}`;
   const width = (hq + hk + hv) * dim;
-  if (x!.ndim < 1 || x!.shape.at(-1) !== width) return `x ${x!.describe()} must end in ${width} = (${hq} + ${hk} + ${hv}) heads × ${dim}`;
+  const bad = rowCheck(x!, dim, width, `(${hq} + ${hk} + ${hv}) heads × ${dim}`);
+  if (bad) return bad;
   if (!isVector(qw!, dim) || !isVector(kw!, dim)) return `q and k norm weights must be [${dim}] bfloat16, got ${qw!.describe()} and ${kw!.describe()}`;
-  const r = p.rope;
-  if (r) {
-    if (x!.size !== x!.shape.at(-1)) return `RoPE needs one row of x (one position), got ${x!.describe()}`;
-    if (!Number.isInteger(r.dims) || r.dims < 2 || r.dims % 2 !== 0 || r.dims > dim) return `rope dims ${r.dims} must be even and at most ${dim}`;
-    if (offset!.dtype !== "int32" || offset!.size !== 1) return `offset must be one int32, got ${offset!.describe()}`;
-    if (r.base === null && (freqs!.dtype !== "float32" || freqs!.ndim !== 1 || freqs!.shape[0] !== r.dims / 2))
-      return `freqs must be [${r.dims / 2}] float32, got ${freqs!.describe()}`;
-    if (!(r.scale > 0) || (r.base !== null && !(r.base > 0))) return `rope scale ${r.scale} and base ${r.base} must be positive`;
-  }
+  return p.rope ? ropeCheck(x!, offset!, freqs!, p.rope, dim) : null;
+}
+
+function qCheck([x, qw, offset, freqs]: readonly MlxArray[], p: QHeads): string | null {
+  const { hq, dim } = p;
+  for (const [name, v] of Object.entries({ hq, dim })) if (!Number.isInteger(v) || v < 1) return `${name} = ${v} must be a positive integer`;
+  const bad = rowCheck(x!, dim, hq * dim, `${hq} heads × ${dim}`);
+  if (bad) return bad;
+  if (!isVector(qw!, dim)) return `the q norm weight must be [${dim}] bfloat16, got ${qw!.describe()}`;
+  return p.rope ? ropeCheck(x!, offset!, freqs!, p.rope, dim) : null;
+}
+
+/** x: bf16 rows of `width` values (`what` says how they split into heads), heads of `dim` values. */
+function rowCheck(x: MlxArray, dim: number, width: number, what: string): string | null {
+  if (dim > NORM_EXACT_MAX_AXIS) return `head dim ${dim} is over ${NORM_EXACT_MAX_AXIS}`;
+  if (x.dtype !== "bfloat16") return `x must be bfloat16, got ${x.dtype}`;
+  if (x.ndim < 1 || x.shape.at(-1) !== width) return `x ${x.describe()} must end in ${width} = ${what}`;
+  return null;
+}
+
+function ropeCheck(x: MlxArray, offset: MlxArray, freqs: MlxArray, r: NonNullable<QkvHeads["rope"]>, dim: number): string | null {
+  if (x.size !== x.shape.at(-1)) return `RoPE needs one row of x (one position), got ${x.describe()}`;
+  if (!Number.isInteger(r.dims) || r.dims < 2 || r.dims % 2 !== 0 || r.dims > dim) return `rope dims ${r.dims} must be even and at most ${dim}`;
+  if (offset.dtype !== "int32" || offset.size !== 1) return `offset must be one int32, got ${offset.describe()}`;
+  if (r.base === null && (freqs.dtype !== "float32" || freqs.ndim !== 1 || freqs.shape[0] !== r.dims / 2))
+    return `freqs must be [${r.dims / 2}] float32, got ${freqs.describe()}`;
+  if (!(r.scale > 0) || (r.base !== null && !(r.base > 0))) return `rope scale ${r.scale} and base ${r.base} must be positive`;
   return null;
 }
 
@@ -219,17 +243,23 @@ function qkvReference([x, qw, kw, offset, freqs]: readonly MlxArray[], p: QkvHea
   using k0 = part(hq, hk);
   using v0 = part(hv ? hq + hk : hq, hk);
   const normed = [fast.rms_norm(q0, qw!, eps, s), fast.rms_norm(k0, kw!, eps, s), fast.rms_norm(v0, null, eps, s)];
-  const r = p.rope;
-  if (!r) return normed;
-  // The model's order: transpose to [B, heads, L, dim], then RoPE on q and k.
-  return normed.map((a, i) => {
-    using t = a;
-    const heads = transpose(t, [0, 2, 1, 3], s);
-    if (i === 2) return heads;
-    using hd = heads;
-    const opts = r.base === null ? { freqs: freqs!, scale: r.scale, offset: offset! } : { base: r.base, scale: r.scale, offset: offset! };
-    return fast.rope(hd, r.dims, { traditional: false, ...opts, stream: s });
-  });
+  return p.rope ? normed.map((a, i) => rotated(a, i < 2, p.rope!, offset!, freqs!, s)) : normed;
+}
+
+function qReference([x, qw, offset, freqs]: readonly MlxArray[], p: QHeads, s?: Stream): MlxArray[] {
+  using q0 = reshape(x!, [...x!.shape.slice(0, -1), p.hq, p.dim], s);
+  const q = fast.rms_norm(q0, qw!, p.eps, s);
+  return [p.rope ? rotated(q, true, p.rope, offset!, freqs!, s) : q];
+}
+
+/** The model's order after the norms: transpose `a` (taken) to [B, heads, L, dim], then RoPE where `rope`. */
+function rotated(a: MlxArray, rope: boolean, r: NonNullable<QkvHeads["rope"]>, offset: MlxArray, freqs: MlxArray, s?: Stream): MlxArray {
+  using t = a;
+  const heads = transpose(t, [0, 2, 1, 3], s);
+  if (!rope) return heads;
+  using hd = heads;
+  const opts = r.base === null ? { freqs, scale: r.scale, offset } : { base: r.base, scale: r.scale, offset };
+  return fast.rope(hd, r.dims, { traditional: false, ...opts, stream: s });
 }
 
 /** Kernels keyed by their constants (heads, eps, RoPE): one spec each, built on first use (same name and source). */
@@ -242,8 +272,29 @@ function cachedKernel(key: string, make: () => CustomKernel): CustomKernel {
 }
 
 export function qkv_norm_kernel(p: QkvHeads): CustomKernel {
-  const rope = p.rope ? `${p.rope.dims},${p.rope.base},${p.rope.scale}` : "";
-  return cachedKernel(`qkv ${p.hq},${p.hk},${p.hv},${p.dim},${p.eps},${rope}`, () => qkvSpec(p));
+  return cachedKernel(`qkv ${p.hq},${p.hk},${p.hv},${p.dim},${p.eps},${ropeKey(p)}`, () => qkvSpec(p));
+}
+
+export function q_norm_kernel(p: QHeads): CustomKernel {
+  return cachedKernel(`q ${p.hq},${p.dim},${p.eps},${ropeKey(p)}`, () => qSpec(p));
+}
+
+const ropeKey = (p: QHeads): string => (p.rope ? `${p.rope.dims},${p.rope.base},${p.rope.scale}` : "");
+
+/** The template arguments both heads kernels take: the head's partition, eps and RoPE. */
+function headsTemplate(p: QHeads, block: number, chunks: number): [string, number][] {
+  const r = p.rope;
+  return [
+    ["A", p.dim],
+    ["BLOCK", block],
+    ["CHUNKS", chunks],
+    ["EPS_BITS", f32Bits(p.eps)],
+    ["ROPE", r ? (r.base === null ? 2 : 1) : 0],
+    ["RD", r?.dims ?? 2],
+    ["SCALE_BITS", f32Bits(r?.scale ?? 1)],
+    // MLX passes std::log2 of the float base (glibc's correctly rounded log2f).
+    ["BASE_BITS", f32Bits(r?.base ? Math.log2(Math.fround(r.base)) : 1)],
+  ];
 }
 
 function qkvSpec(p: QkvHeads): CustomKernel {
@@ -258,27 +309,35 @@ function qkvSpec(p: QkvHeads): CustomKernel {
     launch: ([x]) => {
       const lead = x!.shape.slice(0, -1);
       const rows = x!.size / x!.shape.at(-1)!;
-      const r = p.rope;
-      const shape = (heads: number) => (r ? [1, heads, 1, p.dim] : [...lead, heads, p.dim]);
+      const shape = (heads: number) => (p.rope ? [1, heads, 1, p.dim] : [...lead, heads, p.dim]);
       return {
         output_shapes: [shape(p.hq), shape(p.hk), shape(p.hk)],
         output_dtypes: ["bfloat16", "bfloat16", "bfloat16"],
         grid: [rows * (p.hq + 2 * p.hk) * block, 1, 1],
         threadgroup: [block, 1, 1],
-        template: [
-          ["HQ", p.hq],
-          ["HK", p.hk],
-          ["HV", p.hv],
-          ["A", p.dim],
-          ["BLOCK", block],
-          ["CHUNKS", chunks],
-          ["EPS_BITS", f32Bits(p.eps)],
-          ["ROPE", r ? (r.base === null ? 2 : 1) : 0],
-          ["RD", r?.dims ?? 2],
-          ["SCALE_BITS", f32Bits(r?.scale ?? 1)],
-          // MLX passes std::log2 of the float base (glibc's correctly rounded log2f).
-          ["BASE_BITS", f32Bits(r?.base ? Math.log2(Math.fround(r.base)) : 1)],
-        ],
+        template: [["HQ", p.hq], ["HK", p.hk], ["HV", p.hv], ...headsTemplate(p, block, chunks)],
+      };
+    },
+  });
+}
+
+function qSpec(p: QHeads): CustomKernel {
+  const { block, chunks } = norm_partition(p.dim);
+  return custom_kernel({
+    name: "mlxb_q_norm_exact",
+    input_names: ["x", "q_w", "offset", "freqs"],
+    output_names: ["q"],
+    cuda: { source: Q_CUDA, header: HEADER_CUDA },
+    validate: (inputs) => qCheck(inputs, p),
+    reference: (inputs, s) => qReference(inputs, p, s),
+    launch: ([x]) => {
+      const rows = x!.size / x!.shape.at(-1)!;
+      return {
+        output_shapes: [p.rope ? [1, p.hq, 1, p.dim] : [...x!.shape.slice(0, -1), p.hq, p.dim]],
+        output_dtypes: ["bfloat16"],
+        grid: [rows * p.hq * block, 1, 1],
+        threadgroup: [block, 1, 1],
+        template: headsTemplate(p, block, chunks),
       };
     },
   });
@@ -314,52 +373,78 @@ function qkvInputs(x: MlxArray, qw: MlxArray, kw: MlxArray, rope: { offset: MlxA
   return [x, qw, kw, rope?.offset ?? qw, rope?.freqs ?? qw];
 }
 
-/** A residual point: `h + rms_norm(y, postW)`, optionally times `scale`, and that sum's norm by `nextW`. */
+/**
+ * The head norms of a q projection's output `x` [..., hq·dim]: rms_norm(heads, qw), [..., hq, dim];
+ * with `p.rope`, then rotated at `offset` (one int32; `freqs` where `p.rope.base` is null),
+ * [1, hq, 1, dim]. One launch on CUDA, MLX's ops in the model's order elsewhere.
+ */
+export function q_norm_exact(x: MlxArray, qw: MlxArray, p: QHeads, rope: { offset: MlxArray; freqs?: MlxArray } | null = null, stream?: Stream): MlxArray {
+  const inputs = [x, qw, rope?.offset ?? qw, rope?.freqs ?? qw];
+  return q_norm_kernel(p).runKeyed(inputs, inputsKey(inputs), { stream })[0]!;
+}
+
+/** Whether `q_norm_exact` takes these arguments (a caller that would rather use MLX's ops than an error). */
+export function q_norm_fits(x: MlxArray, qw: MlxArray, p: QHeads, rope: { offset: MlxArray; freqs?: MlxArray } | null = null): boolean {
+  return qCheck([x, qw, rope?.offset ?? qw, rope?.freqs ?? qw], p) === null;
+}
+
+/** A residual point: `h + rms_norm(y, postW)`, optionally times `scale`, and with `next` that sum's norm by `nextW`. */
 export interface ResidualNorm {
   eps: number;
   /** Multiply the sum by the 1-element `scale` input (Gemma's layer scalar). */
   scaled: boolean;
+  /** Also the sum's norm by the `next_w` input (the next block's input norm): outputs [h', n], else [h']. */
+  next: boolean;
 }
 
-function residualCheck([h, y, postW, nextW, scale]: readonly MlxArray[], scaled: boolean): string | null {
-  if (h!.dtype !== "bfloat16" || y!.dtype !== "bfloat16") return `h and y must be bfloat16, got ${h!.dtype} and ${y!.dtype}`;
-  if (h!.shape.join() !== y!.shape.join()) return `h ${h!.describe()} and y ${y!.describe()} must have one shape`;
-  const a = h!.shape.at(-1) ?? 0;
-  if (h!.ndim < 1 || a < 1 || a > NORM_EXACT_MAX_AXIS) return `the last axis of h ${h!.describe()} must hold 1 to ${NORM_EXACT_MAX_AXIS} values`;
-  if (!isVector(postW!, a) || !isVector(nextW!, a)) return `norm weights must be [${a}] bfloat16, got ${postW!.describe()} and ${nextW!.describe()}`;
-  if (scaled && (scale!.dtype !== "bfloat16" || scale!.size !== 1)) return `scale must be one bfloat16 value, got ${scale!.describe()}`;
+/** The inputs by name: with `next`, h, y, post_w, next_w, scale; without, no next_w. */
+function residualInputs(inputs: readonly MlxArray[], p: ResidualNorm): { h: MlxArray; y: MlxArray; postW: MlxArray; nextW: MlxArray | null; scale: MlxArray } {
+  const [h, y, postW] = inputs as [MlxArray, MlxArray, MlxArray];
+  return p.next ? { h, y, postW, nextW: inputs[3]!, scale: inputs[4]! } : { h, y, postW, nextW: null, scale: inputs[3]! };
+}
+
+function residualCheck(inputs: readonly MlxArray[], p: ResidualNorm): string | null {
+  const { h, y, postW, nextW, scale } = residualInputs(inputs, p);
+  if (h.dtype !== "bfloat16" || y.dtype !== "bfloat16") return `h and y must be bfloat16, got ${h.dtype} and ${y.dtype}`;
+  if (h.shape.join() !== y.shape.join()) return `h ${h.describe()} and y ${y.describe()} must have one shape`;
+  const a = h.shape.at(-1) ?? 0;
+  if (h.ndim < 1 || a < 1 || a > NORM_EXACT_MAX_AXIS) return `the last axis of h ${h.describe()} must hold 1 to ${NORM_EXACT_MAX_AXIS} values`;
+  if (!isVector(postW, a) || (nextW && !isVector(nextW, a)))
+    return `norm weights must be [${a}] bfloat16, got ${[postW, ...(nextW ? [nextW] : [])].map((w) => w.describe()).join(" and ")}`;
+  if (p.scaled && (scale.dtype !== "bfloat16" || scale.size !== 1)) return `scale must be one bfloat16 value, got ${scale.describe()}`;
   return null;
 }
 
-function residualReference([h, y, postW, nextW, scale]: readonly MlxArray[], p: ResidualNorm, s?: Stream): MlxArray[] {
-  using yn = fast.rms_norm(y!, postW!, p.eps, s);
-  const sum = add(h!, yn, s);
+function residualReference(inputs: readonly MlxArray[], p: ResidualNorm, s?: Stream): MlxArray[] {
+  const { h, y, postW, nextW, scale } = residualInputs(inputs, p);
+  using yn = fast.rms_norm(y, postW, p.eps, s);
+  const sum = add(h, yn, s);
   let out = sum;
   if (p.scaled) {
-    out = multiply(sum, scale!, s);
+    out = multiply(sum, scale, s);
     sum.dispose();
   }
-  return [out, fast.rms_norm(out, nextW!, p.eps, s)];
+  return nextW ? [out, fast.rms_norm(out, nextW, p.eps, s)] : [out];
 }
 
 export function residual_norm_kernel(p: ResidualNorm): CustomKernel {
-  return cachedKernel(`residual ${p.eps},${p.scaled}`, () => residualSpec(p));
+  return cachedKernel(`residual ${p.eps},${p.scaled},${p.next}`, () => residualSpec(p));
 }
 
 function residualSpec(p: ResidualNorm): CustomKernel {
   return custom_kernel({
-    name: "mlxb_residual_norm_exact",
-    input_names: ["h", "y", "post_w", "next_w", "scale"],
-    output_names: ["h_out", "n_out"],
-    cuda: { source: RESIDUAL_CUDA, header: HEADER_CUDA },
-    validate: (inputs) => residualCheck(inputs, p.scaled),
+    name: p.next ? "mlxb_residual_norm_exact" : "mlxb_residual_exact",
+    input_names: p.next ? ["h", "y", "post_w", "next_w", "scale"] : ["h", "y", "post_w", "scale"],
+    output_names: p.next ? ["h_out", "n_out"] : ["h_out"],
+    cuda: { source: p.next ? RESIDUAL_SUM_CUDA + RESIDUAL_NEXT_CUDA : RESIDUAL_SUM_CUDA, header: HEADER_CUDA },
+    validate: (inputs) => residualCheck(inputs, p),
     reference: (inputs, s) => residualReference(inputs, p, s),
     launch: ([h]) => {
       const a = h!.shape.at(-1)!;
       const { block, chunks } = norm_partition(a);
       return {
-        output_shapes: [h!.shape, h!.shape],
-        output_dtypes: ["bfloat16", "bfloat16"],
+        output_shapes: p.next ? [h!.shape, h!.shape] : [h!.shape],
+        output_dtypes: p.next ? ["bfloat16", "bfloat16"] : ["bfloat16"],
         grid: [(h!.size / a) * block, 1, 1],
         threadgroup: [block, 1, 1],
         template: [
@@ -389,13 +474,24 @@ export function residual_norm_exact(
 ): [MlxArray, MlxArray] {
   // Without a scale, a stand-in the kernel does not read (HAS_SCALE false).
   const inputs = [h, y, postW, nextW, scale ?? postW];
-  const [hOut, n] = residual_norm_kernel({ eps, scaled: scale !== null }).runKeyed(inputs, inputsKey(inputs), { stream });
+  const [hOut, n] = residual_norm_kernel({ eps, scaled: scale !== null, next: true }).runKeyed(inputs, inputsKey(inputs), { stream });
   return [hOut!, n!];
 }
 
 /** Whether `residual_norm_exact` takes these arguments (a caller that would rather use MLX's ops than an error). */
 export function residual_norm_fits(h: MlxArray, y: MlxArray, postW: MlxArray, nextW: MlxArray, scale: MlxArray | null): boolean {
-  return residualCheck([h, y, postW, nextW, scale ?? postW], scale !== null) === null;
+  return residualCheck([h, y, postW, nextW, scale ?? postW], { eps: 0, scaled: scale !== null, next: true }) === null;
+}
+
+/** h + rms_norm(y, postW) (times `scale` where given): MLX's ops in that order, one launch on CUDA. */
+export function residual_exact(h: MlxArray, y: MlxArray, postW: MlxArray, scale: MlxArray | null, eps: number, stream?: Stream): MlxArray {
+  const inputs = [h, y, postW, scale ?? postW];
+  return residual_norm_kernel({ eps, scaled: scale !== null, next: false }).runKeyed(inputs, inputsKey(inputs), { stream })[0]!;
+}
+
+/** Whether `residual_exact` takes these arguments. */
+export function residual_fits(h: MlxArray, y: MlxArray, postW: MlxArray, scale: MlxArray | null): boolean {
+  return residualCheck([h, y, postW, scale ?? postW], { eps: 0, scaled: scale !== null, next: false }) === null;
 }
 
 /**
@@ -422,7 +518,7 @@ export function exact_norms_enabled(): boolean {
   if (normsOn === undefined) {
     const v = normsSetting ?? (process.env.MLX_BUN_EXACT_NORMS || "auto");
     if (!NORMS_SETTINGS.includes(v)) throw new Error(`MLX_BUN_EXACT_NORMS=${v}: expected auto, on, off or always`);
-    const probe = residual_norm_kernel({ eps: 1e-6, scaled: false }).spec;
+    const probe = residual_norm_kernel({ eps: 1e-6, scaled: false, next: true }).spec;
     const cuda = select_kernel_path(probe, kernel_environment()) === "cuda";
     normsOn = v === "always" || (v === "on" && cuda) || (v === "auto" && cuda && on_exact_arch());
   }

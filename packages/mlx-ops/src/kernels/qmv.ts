@@ -519,10 +519,48 @@ function kernelLinear(
   // First call of a shape: validated and marshalled once, then reused every step. The launches
   // read nothing but the inputs' shapes and dtypes (bits and groups included).
   const inputs = [x, w, scales, biases];
-  // Exact: only where MLX's own op would run its qmv, whose bits the kernel keeps.
-  const mlxQmv = M === 1 && bits === 4 && w.shape[0]! <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM;
-  if (r.exact && mlxQmv && w.shape[0]! * K >= r.exactMin && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16") {
-    return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
-  }
+  if (exactTakes(x, w, scales, biases, bits, w.shape[0]!, r)) return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
   return r.on && M >= 1 && M <= QMV_MAX_ROWS ? qmv_kernel.runKeyed(inputs, inputsKey(inputs))[0]! : null;
+}
+
+/**
+ * Whether setting `r` takes the exact-order kernel for x against w, whose rows are a stack of parts
+ * of at most `partRows` rows each: only where MLX's own op on each part would run its qmv, whose
+ * bits the kernel keeps (a part's rows come out the same whatever N; docs/fused-projections.md).
+ */
+function exactTakes(
+  x: MlxArray,
+  w: MlxArray,
+  scales: MlxArray,
+  biases: MlxArray,
+  bits: number,
+  partRows: number,
+  r: { exact: boolean; exactMin: number },
+): boolean {
+  const K = x.shape[x.ndim - 1]!;
+  const mlxQmv = x.size === K && bits === 4 && partRows <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM;
+  return r.exact && mlxQmv && w.shape[0]! * K >= r.exactMin && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16";
+}
+
+/**
+ * One matmul over a stack of quantized layers' weights (`w` their rows stacked, each part at most
+ * `partRows` rows) whose rows carry each part's own `quantized_linear` bits, or null where the
+ * setting would not take the exact-order kernel for it. For stacks taller than MLX's qmv bound
+ * (16384 rows), where MLX's op would switch to another kernel and other bits: with the exact-order
+ * kernel each row is computed from its row and x alone, as MLX's qmv computes it in the part.
+ */
+export function quantized_linear_stacked(
+  x: MlxArray,
+  w: MlxArray,
+  scales: MlxArray,
+  biases: MlxArray | undefined,
+  q: { group_size: number; bits: number; mode?: QuantMode },
+  partRows: number,
+): MlxArray | null {
+  if (!biases || (q.mode ?? "affine") !== "affine" || !QMV_GROUP_SIZES.includes(q.group_size)) return null;
+  const K = x.shape[x.ndim - 1]!;
+  if (w.ndim !== 2 || w.shape[1]! * 32 !== K * q.bits || scales.shape[1]! * q.group_size !== K) return null;
+  if (!exactTakes(x, w, scales, biases, q.bits, partRows, resolve())) return null;
+  const inputs = [x, w, scales, biases];
+  return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
 }

@@ -144,15 +144,18 @@ function queries(lw: LayerWeights, q0: MlxArray, B: number, L: number, eps: numb
 /**
  * The residual point `h + rms_norm(y, post)` (times `scale`, Gemma's layer scalar, where given)
  * and, with `next`, that sum's norm by `next` (the next block's input norm). MLX's ops in that
- * order; on CUDA with exact norms on (MLX_BUN_EXACT_NORMS, by default on sm90), one launch of a kernel that keeps
- * their bits (packages/mlx-ops/src/kernels/norm-exact.ts).
+ * order; on CUDA with exact norms on (MLX_BUN_EXACT_NORMS, by default on sm90), one launch of a
+ * kernel that keeps their bits (packages/mlx-ops/src/kernels/norm-exact.ts).
  */
 export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, s: Scope, scale?: MlxArray): MlxArray;
 export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, s: Scope, scale: MlxArray | undefined, next: MlxArray): Hidden;
 export function residual(h: MlxArray, y: MlxArray, post: MlxArray, eps: number, s: Scope, scale?: MlxArray, next?: MlxArray): MlxArray | Hidden {
-  if (next && mx.kernels.exact_norms_enabled() && mx.kernels.residual_norm_fits(h, y, post, next, scale ?? null)) {
-    const [hOut, n] = mx.kernels.residual_norm_exact(h, y, post, next, scale ?? null, eps);
-    return { h: s.t(hOut), n: s.t(n) };
+  if (mx.kernels.exact_norms_enabled()) {
+    if (next && mx.kernels.residual_norm_fits(h, y, post, next, scale ?? null)) {
+      const [hOut, n] = mx.kernels.residual_norm_exact(h, y, post, next, scale ?? null, eps);
+      return { h: s.t(hOut), n: s.t(n) };
+    }
+    if (!next && mx.kernels.residual_fits(h, y, post, scale ?? null)) return s.t(mx.kernels.residual_exact(h, y, post, scale ?? null, eps));
   }
   const yN = s.t(mx.fast.rms_norm(y, post, eps));
   const sum = s.t(mx.add(h, yN));
@@ -176,6 +179,18 @@ function attendAndProject(lw: LayerWeights, x: MlxArray, q4: MlxArray, shared: S
 }
 
 /**
+ * The RoPE arguments of the exact heads kernels (norm-exact.ts) for layer `lw` at `offset`, or null
+ * where they do not apply: exact norms off, or not one position given as an array, or traditional
+ * RoPE (the kernels rotate the other way only). rope(): freqs rotate at scale 1, a base at the config's.
+ */
+function exactRope(lw: LayerWeights, offset: MlxArray | number): { rope: mx.kernels.QkvHeads["rope"]; at: { offset: MlxArray; freqs?: MlxArray } } | null {
+  const r = lw.spec.rope;
+  if (!mx.kernels.exact_norms_enabled() || !(offset instanceof MlxArray) || r.traditional) return null;
+  const rope = lw.freqs ? { dims: r.dims, base: null, scale: 1 } : { dims: r.dims, base: r.theta, scale: r.scale };
+  return { rope, at: { offset, ...(lw.freqs ? { freqs: lw.freqs } : {}) } };
+}
+
+/**
  * q and k after their norms and RoPE at `offset`, and v after its norm, each [B, heads, L, head_dim]:
  * with exact norms on CUDA and a fused q/k/v matmul (one position), its output through one launch;
  * else each part reshaped, normed, transposed and rotated by MLX's ops.
@@ -192,18 +207,14 @@ function queriesKeysValues(
   const spec = lw.spec;
   const parts = lw.v ? [lw.q, lw.k!, lw.v] : [lw.q, lw.k!];
   const D = spec.headDim;
-  const r = spec.rope;
-  // The kernel rotates the non-traditional way only, at one position given as an array.
-  if (mx.kernels.exact_norms_enabled() && offset instanceof MlxArray && !r.traditional) {
+  const ex = exactRope(lw, offset);
+  if (ex) {
     const y = fusedLinear(lw.fused?.qkv, parts, hIn);
     if (y) {
       s.t(y);
-      // rope(): freqs rotate at scale 1, a base at the config's scale.
-      const rope = lw.freqs ? { dims: r.dims, base: null, scale: 1 } : { dims: r.dims, base: r.theta, scale: r.scale };
-      const heads = { hq: spec.numHeads, hk: spec.numKvHeads, hv: lw.v ? spec.numKvHeads : 0, dim: D, eps, rope };
-      const at = { offset, ...(lw.freqs ? { freqs: lw.freqs } : {}) };
-      if (mx.kernels.qkv_norm_fits(y, lw.qNorm, lw.kNorm!, heads, at)) {
-        const [q, k, v] = mx.kernels.qkv_norm_exact(y, lw.qNorm, lw.kNorm!, heads, at);
+      const heads = { hq: spec.numHeads, hk: spec.numKvHeads, hv: lw.v ? spec.numKvHeads : 0, dim: D, eps, rope: ex.rope };
+      if (mx.kernels.qkv_norm_fits(y, lw.qNorm, lw.kNorm!, heads, ex.at)) {
+        const [q, k, v] = mx.kernels.qkv_norm_exact(y, lw.qNorm, lw.kNorm!, heads, ex.at);
         return [s.t(q), s.t(k), s.t(v)];
       }
     }
@@ -242,7 +253,14 @@ export function attentionOwn(
 /** Attention of a KV-sharing layer: its own queries over the donor layer's view and positions. */
 export function attentionShared(lw: LayerWeights, x: Hidden, mask: Mask, donor: Shared | undefined, B: number, L: number, eps: number, s: Scope): Hidden {
   if (!donor) throw new WeightsError(`Layer ${lw.spec.index} is a KV-shared layer but received no shared_kv`);
-  const q4 = rotateQueries(lw, queries(lw, s.t(linear(lw.q, x.n)), B, L, eps, s), donor.offset, s);
+  const q0 = s.t(linear(lw.q, x.n));
+  // With exact norms on CUDA, the norm and RoPE in one launch (as a KV-owning layer's q/k/v).
+  const ex = exactRope(lw, donor.offset);
+  const heads = ex && { hq: lw.spec.numHeads, dim: lw.spec.headDim, eps, rope: ex.rope };
+  const q4 =
+    heads && mx.kernels.q_norm_fits(q0, lw.qNorm, heads, ex.at)
+      ? s.t(mx.kernels.q_norm_exact(q0, lw.qNorm, heads, ex.at))
+      : rotateQueries(lw, queries(lw, q0, B, L, eps, s), donor.offset, s);
   return attendAndProject(lw, x.h, q4, donor, mask, B, L, eps, s);
 }
 
@@ -280,8 +298,9 @@ export function layerEnd(lw: LayerWeights, h: MlxArray, ff: MlxArray, perLayer: 
   const h1 = residual(h, ff, lw.postFfNorm, eps, s);
   const p = lw.ple;
   const g0 = s.t(linear(p.gate, h1));
-  const g1 = s.t(mx.gelu_approx(g0));
-  const g2 = s.t(mx.multiply(g1, perLayer));
+  // With the exact kernels on, mlx-lm's gelu_approx(g0) * perLayer as one compiled kernel: the
+  // same bits (each op rounds to the dtype inside a compiled kernel as out of it), one launch less.
+  const g2 = mx.kernels.exact_norms_enabled() ? s.t(geglu(g0, perLayer)) : s.t(mx.multiply(s.t(mx.gelu_approx(g0)), perLayer));
   const g3 = s.t(linear(p.proj, g2));
   return residual(h1, g3, p.norm, eps, s, lw.layerScalar, next);
 }

@@ -3,12 +3,14 @@
 // docs/fused-projections.md.
 import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
-import { linear, type ModuleWeights } from "./nn.ts";
+import { linear, type ModuleWeights, qopts } from "./nn.ts";
 
 /**
- * The most output rows (and input features) a fused matmul may have. MLX's CUDA backend on
- * sm90 runs its matrix-vector kernel for one row only up to 16384 of each and a tiled GEMM
- * beyond: a fused matmul past that bound would leave the kernel its parts use.
+ * The most output rows (and input features) MLX's op may run a fused matmul over. MLX's CUDA
+ * backend on sm90 runs its matrix-vector kernel for one row only up to 16384 of each and a tiled
+ * GEMM beyond: MLX's op on a taller stack would leave the kernel its parts use. A taller stack
+ * (each part within the bound) runs only through the exact-order matvec, which keeps each part's
+ * qmv bits whatever the stack's height (mx.kernels.quantized_linear_stacked), and else as its parts.
  */
 export const FUSED_MAX_DIM = 16384;
 
@@ -20,6 +22,8 @@ export interface FusedLinear {
   readonly weights: readonly MlxArray[];
   /** Where parts 2..n start in the fused output. */
   readonly splits: readonly number[];
+  /** The most rows of one part, where the stack is taller than FUSED_MAX_DIM (else undefined). */
+  readonly tall?: number;
 }
 
 function sameQuant(a: ModuleWeights, b: ModuleWeights): boolean {
@@ -47,7 +51,7 @@ export function fuseLinears(parts: readonly ModuleWeights[], owned: MlxArray[], 
   if (rows.some((n) => n % 8 !== 0)) return null;
   const total = rows.reduce((a, b) => a + b, 0);
   const inFeatures = (first.weight.shape[1]! * 32) / first.quant!.bits;
-  if (total > FUSED_MAX_DIM || inFeatures > FUSED_MAX_DIM) return null;
+  if (Math.max(...rows) > FUSED_MAX_DIM || inFeatures > FUSED_MAX_DIM) return null;
   const splits: number[] = [];
   for (let i = 0, at = 0; i < rows.length - 1; i++) splits.push((at += rows[i]!));
   const fuse = (field: "weight" | "scales" | "biases"): MlxArray => {
@@ -62,7 +66,8 @@ export function fuseLinears(parts: readonly ModuleWeights[], owned: MlxArray[], 
     return whole;
   };
   const fused: ModuleWeights = { weight: fuse("weight"), scales: fuse("scales"), biases: fuse("biases"), quant: first.quant! };
-  return { fused, parts, weights: parts.map((p) => p.weight), splits };
+  const tall = total > FUSED_MAX_DIM ? Math.max(...rows) : undefined;
+  return { fused, parts, weights: parts.map((p) => p.weight), splits, ...(tall ? { tall } : {}) };
 }
 
 /**
@@ -80,9 +85,15 @@ export function linearParts(group: FusedLinear | undefined, parts: readonly Modu
   return parts.map((p) => linear(p, x));
 }
 
-/** The fused matmul's whole output (the parts' outputs side by side) where `linearParts` would fuse, else null. */
+/**
+ * The fused matmul's whole output (the parts' outputs side by side) where `linearParts` would fuse,
+ * else null. A stack taller than FUSED_MAX_DIM fuses only where the exact-order matvec takes it.
+ */
 export function fusedLinear(group: FusedLinear | undefined, parts: readonly ModuleWeights[], x: MlxArray): MlxArray | null {
-  return group && usable(group, parts, x) && fusedProjections() === "on" ? linear(group.fused, x) : null;
+  if (!group || !usable(group, parts, x) || fusedProjections() !== "on") return null;
+  if (group.tall === undefined) return linear(group.fused, x);
+  const f = group.fused;
+  return mx.kernels.quantized_linear_stacked(x, f.weight, f.scales!, f.biases, qopts(f.quant!), group.tall);
 }
 
 function usable(g: FusedLinear, parts: readonly ModuleWeights[], x: MlxArray): boolean {

@@ -20,7 +20,8 @@ export interface ModuleWeights {
   reduce?: (partial: MlxArray) => MlxArray;
 }
 
-function qopts(q: QuantParams): { group_size: number; bits: number; mode: QuantParams["mode"] } {
+/** The options MLX's quantized ops take for a module's quantization. */
+export function qopts(q: QuantParams): { group_size: number; bits: number; mode: QuantParams["mode"] } {
   return { group_size: q.groupSize, bits: q.bits, mode: q.mode };
 }
 
