@@ -270,6 +270,29 @@ describe("qmv kernel", () => {
     }
   });
 
+  test.skipIf(gpu_backend() !== "cuda")("on CUDA: batched decode rows ([B, 1, K]) give MLX's op's bits under every setting that folds them", () => {
+    for (const setting of ["auto", "exact", "off"] as const) {
+      set_fast_qmv(setting);
+      for (const [b, n, k, bits] of [
+        [2, 4096, 3840, 4],
+        [16, 15360, 3840, 4],
+        [16, 3840, 15360, 4],
+        [5, 2048, 1536, 8],
+      ] as const) {
+        const xs = inputs([b, 1], n, k, bits, 64, "bfloat16", b + n + k);
+        try {
+          const [x, w, s, bs] = xs;
+          using y = quantized_linear(x!, w!, s!, bs!, { group_size: 64, bits });
+          using ref = quantized_matmul(x!, w!, s!, bs!, { group_size: 64, bits, transpose: true });
+          expect(y.shape).toEqual([b, 1, n]);
+          expectExact(y, ref, `${setting}: quantized_linear x[${b}, 1, ${k}] N${n} ${bits}-bit`);
+        } finally {
+          dispose(xs);
+        }
+      }
+    }
+  });
+
   test.skipIf(gpu_backend() === null)("on the GPU: quantized_linear's keyed launches keep each call's shape (one row as [1, K] and [1, 1, K])", () => {
     set_fast_qmv("on");
     const xs = inputs([1, 1], 129, 512, 4, 64, "bfloat16", 7);

@@ -19,6 +19,7 @@
 //   is why the model keeps MLX's op unless MLX_BUN_FAST_QMV=1.
 import { isFloating, type MlxArray, MlxError, type Stream } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul, type QuantMode } from "../quantized.ts";
+import { reshape } from "../shape.ts";
 import { on_exact_arch } from "./cuda-arch.ts";
 import { custom_kernel, inputsKey, type KernelRunOptions, kernel_environment, select_kernel_path } from "./kernel.ts";
 import { qmv_exact_kernel } from "./qmv-exact.ts";
@@ -417,6 +418,8 @@ export function qmv(
  * 4-bit affine, N and K ≤ 16384 — and MLX's op elsewhere (other architectures may dispatch those
  * shapes to other kernels, so the bits are MLX's there only where MLX also runs its qmv): bit for
  * bit with MLX's op on an H100, 1.5× decode tok/s with the fused exact norms (docs/benchmarks.md).
+ * On sm90, "auto" and "exact" also give MLX's op batched decode's rows ([B, 1, K]) as one [B, K]
+ * matrix: the same GEMM and bits, the weights read once instead of B times.
  */
 export type FastQmvSetting = "auto" | "on" | "off" | "exact";
 /** N and K up to which MLX 0.32's CUDA quantized_matmul runs its qmv for one row on sm90. */
@@ -437,8 +440,17 @@ export const QMV_MAX_ROWS = 4;
 export const QMV_EXACT_AUTO_MIN_ELEMENTS = 12 * 2 ** 20;
 
 let setting: FastQmvSetting | undefined;
-/** exact: the setting routes calls to the exact-order kernel; exactMin: from how many weight elements. */
-let resolved: { on: boolean; exact: boolean; exactMin: number } | undefined;
+/**
+ * on: the float32 kernel; exact: the setting routes calls to the exact-order kernel; exactMin: from
+ * how many weight elements; fold: batched one-position rows go to MLX's op as one matrix.
+ */
+interface Resolved {
+  on: boolean;
+  exact: boolean;
+  exactMin: number;
+  fold: boolean;
+}
+let resolved: Resolved | undefined;
 
 function envSetting(): FastQmvSetting {
   const v = process.env.MLX_BUN_FAST_QMV;
@@ -461,14 +473,16 @@ export function set_fast_qmv(s: FastQmvSetting | undefined): void {
   resolved = undefined;
 }
 
-function resolve(): { on: boolean; exact: boolean; exactMin: number } {
+function resolve(): Resolved {
   if (resolved === undefined) {
     const s = setting ?? envSetting();
     const path = select_kernel_path(qmv_kernel.spec, kernel_environment());
     const on = path !== "reference" && s === "on";
     const cuda = select_kernel_path(qmv_exact_kernel.spec, kernel_environment()) === "cuda";
     const auto = s === "auto" && cuda && on_exact_arch();
-    resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0 };
+    // Folding batched rows keeps MLX's bits where its sm90 GEMM was read (docs/custom-kernels.md).
+    const fold = cuda && (s === "auto" || s === "exact") && on_exact_arch();
+    resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0, fold };
   }
   return resolved;
 }
@@ -499,7 +513,16 @@ export function quantized_linear(
     const y = r.on || r.exact ? kernelLinear(x, w, scales, biases, q.bits, q.group_size, r) : null;
     if (y) return y;
   }
-  return quantized_matmul(x, w, scales, biases, { group_size: q.group_size, bits: q.bits, mode, transpose: true, stream });
+  const opts = { group_size: q.group_size, bits: q.bits, mode, transpose: true, stream };
+  const K = x.shape[x.ndim - 1]!;
+  // Batched decode ([B, 1, K]): MLX's sm90 op runs B one-row GEMMs, each reading all of W; as one
+  // [B, K] matrix the same kernel (its tile follows N alone) reads W once, with the same bits.
+  if (resolve().fold && x.ndim >= 3 && x.shape[x.ndim - 2] === 1 && x.size > K) {
+    using rows = reshape(x, [x.size / K, K]);
+    using y = quantized_matmul(rows, w, scales, biases, opts);
+    return reshape(y, [...x.shape.slice(0, -1), y.shape[1]!]);
+  }
+  return quantized_matmul(x, w, scales, biases, opts);
 }
 
 /** The kernel a `quantized_linear` call takes under setting `r`, or null where none fits (MLX's op). */

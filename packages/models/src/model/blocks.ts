@@ -298,9 +298,7 @@ export function layerEnd(lw: LayerWeights, h: MlxArray, ff: MlxArray, perLayer: 
   const h1 = residual(h, ff, lw.postFfNorm, eps, s);
   const p = lw.ple;
   const g0 = s.t(linear(p.gate, h1));
-  // With the exact kernels on, mlx-lm's gelu_approx(g0) * perLayer as one compiled kernel: the
-  // same bits (each op rounds to the dtype inside a compiled kernel as out of it), one launch less.
-  const g2 = mx.kernels.exact_norms_enabled() ? s.t(geglu(g0, perLayer)) : s.t(mx.multiply(s.t(mx.gelu_approx(g0)), perLayer));
+  const g2 = s.t(mx.multiply(s.t(mx.gelu_approx(g0)), perLayer));
   const g3 = s.t(linear(p.proj, g2));
   return residual(h1, g3, p.norm, eps, s, lw.layerScalar, next);
 }
