@@ -5,8 +5,9 @@
 # Steps (STEPS, default all; each skipped when DEADLINE seconds would be passed):
 #   fold      qmm-fold-check.py: MLX's quantized_matmul on [B, 1, K] against one [B, K] matrix, bit
 #             equality on the 12B and 1B shapes and the time of each at B = 16
-#   sched     batch-fold.ts on the 12B-shaped model, then the 1B: the Scheduler's 16 streams with
-#             MLX_BUN_FAST_QMV off against the default, tokens equal and aggregate tok/s
+#   sched     batch-fold.ts on each of SCHED (default the 12B-shaped model, then the 1B): the
+#             Scheduler's 16 streams with MLX_BUN_FAST_QMV off against the default, tokens equal and
+#             aggregate tok/s
 #   compare   compare.ts on the 12B-shaped model, 1 and 16 HTTP streams against mlx_lm.server
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 PY="${MLX_BUN_PYTHON:-python3}"
@@ -28,7 +29,7 @@ if { has sched || has compare; } && [ ! -f "$M12/config.json" ]; then
   "$PY" tools/bench/device/make_12b_model.py --out "$M12" --rng mlx 2>&1 | tail -1 || { log "checkpoint failed"; exit 1; }
 fi
 if has sched; then
-  for m in "$M12" "$M1"; do
+  for m in ${SCHED:-$M12 $M1}; do
     [ "$(left)" -lt 90 ] && { log "SKIP batch-fold $m ($(left)s left)"; continue; }
     log "batch-fold.ts $m"
     timeout $(($(left) - 10)) $B tools/bench/device/batch-fold.ts --model "$m" --streams "${STREAMS:-16}" --tokens "${TOKENS:-64}" \
@@ -36,10 +37,10 @@ if has sched; then
   done
 fi
 if has compare; then
-  [ "$(left)" -lt 240 ] && { log "SKIP compare ($(left)s left)"; exit 0; }
+  [ "$(left)" -lt 190 ] && { log "SKIP compare ($(left)s left)"; exit 0; }
   log "compare.ts $M12 (1 and 16 streams)"
   timeout $(($(left) - 5)) $B tools/bench/compare.ts --model "$M12" --label "${LABEL:-CUDA}, 12B-shaped" --python "$PY" \
-    --streams 1,16 --stream-tokens 64 --stream-reps 3 --reps 3 --decode-tokens 128 \
+    --streams 1,16 --stream-tokens 64 --stream-reps "${REPS:-3}" --reps "${REPS:-3}" --decode-tokens 128 \
     --skip "bandwidth,prefill,peak prefill,host work,roofline,kv,final peak" \
     --md "$OUT/compare-12b.md" --json "$OUT/compare-12b.json" 2>&1 | tail -22
 fi

@@ -2,7 +2,8 @@
 # Pack what tools/bench/compare.ts needs on the H200 device machine (no network, no Bun, no MLX)
 # into .device-carry/ (git-ignored), in two parts that each fit one call's 64 MiB with the
 # working tree:
-#   p1/  the first 62 MB of libmlx.so (mlx-cuda-13 0.32.4) compressed with xz -9
+#   p1/  the first 59 MB of libmlx.so (mlx-cuda-13 0.32.4) compressed with xz -9 (59 + the ~4.6 MB
+#        working tree stays under the 64 MiB a call carries; 62 did not by 2026-12-06)
 #   p2/  the rest of it; bun (xz); the Python site tree (mlx cp312 + mlx-cuda-13 minus libmlx.so +
 #        mlx-lm, tar.xz); the node_modules subset of the runtime dependencies (tar.xz);
 #        libmlxb.so built here against MLX 0.32.4's headers (identical in the CPU and CUDA wheels;
@@ -29,14 +30,14 @@ if ! ls "$c"/whl/mlx_cuda_13-"$MLX_V"-*.whl >/dev/null 2>&1; then
 fi
 cuda_whl="$(ls "$c"/whl/mlx_cuda_13-"$MLX_V"-*.whl)"
 
-# 2. libmlx.so, xz -9, split at 60 MB.
+# 2. libmlx.so, xz -9, split at 59 MB.
 if [ ! -f "$c/stage/libmlx.so.xz" ]; then
   say "compressing libmlx.so (xz -9; a few minutes)"
   unzip -p "$cuda_whl" mlx/lib/libmlx.so | xz -9 -T0 > "$c/stage/libmlx.so.xz.tmp"
   mv "$c/stage/libmlx.so.xz.tmp" "$c/stage/libmlx.so.xz"
 fi
 rm -f "$c"/p1/libmlx.xz.* "$c"/p2/libmlx.xz.*
-split -b 62000000 -d -a 2 "$c/stage/libmlx.so.xz" "$c/stage/libmlx.xz."
+split -b 59000000 -d -a 2 "$c/stage/libmlx.so.xz" "$c/stage/libmlx.xz."
 mv "$c/stage/libmlx.xz.00" "$c/p1/"
 mv "$c"/stage/libmlx.xz.0[1-9] "$c/p2/"
 unzip -p "$cuda_whl" mlx/lib/libmlx.so | sha256sum | cut -d' ' -f1 > "$c/p2/libmlx.so.sha256"
