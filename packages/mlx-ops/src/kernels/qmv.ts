@@ -418,8 +418,9 @@ export function qmv(
  * 4-bit affine, N and K ≤ 16384 — and MLX's op elsewhere (other architectures may dispatch those
  * shapes to other kernels, so the bits are MLX's there only where MLX also runs its qmv): bit for
  * bit with MLX's op on an H100, 1.5× decode tok/s with the fused exact norms (docs/benchmarks.md).
- * On sm90, "auto" and "exact" also give MLX's op batched decode's rows ([B, 1, K]) as one [B, K]
- * matrix: the same GEMM and bits, the weights read once instead of B times.
+ * On sm90, "exact" also gives MLX's op batched decode's rows ([B, 1, K]) as one [B, K] matrix:
+ * the same GEMM and, as read from MLX's source, the same bits, the weights read once instead of B
+ * times (not yet checked on a GPU, so not part of "auto").
  */
 export type FastQmvSetting = "auto" | "on" | "off" | "exact";
 /** N and K up to which MLX 0.32's CUDA quantized_matmul runs its qmv for one row on sm90. */
@@ -480,8 +481,9 @@ function resolve(): Resolved {
     const on = path !== "reference" && s === "on";
     const cuda = select_kernel_path(qmv_exact_kernel.spec, kernel_environment()) === "cuda";
     const auto = s === "auto" && cuda && on_exact_arch();
-    // Folding batched rows keeps MLX's bits where its sm90 GEMM was read (docs/custom-kernels.md).
-    const fold = cuda && (s === "auto" || s === "exact") && on_exact_arch();
+    // Folding batched rows keeps MLX's bits as its sm90 GEMM reads (docs/custom-kernels.md), which
+    // no GPU has checked yet: opt-in ("exact") until tools/bench/device/qmm-fold-check.py passes.
+    const fold = cuda && s === "exact" && on_exact_arch();
     resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0, fold };
   }
   return resolved;

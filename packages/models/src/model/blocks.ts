@@ -298,6 +298,7 @@ export function layerEnd(lw: LayerWeights, h: MlxArray, ff: MlxArray, perLayer: 
   const h1 = residual(h, ff, lw.postFfNorm, eps, s);
   const p = lw.ple;
   const g0 = s.t(linear(p.gate, h1));
+  // Two ops, as mlx-lm: compiled together (geglu) they differ on CUDA (docs/benchmarks.md).
   const g2 = s.t(mx.multiply(s.t(mx.gelu_approx(g0)), perLayer));
   const g3 = s.t(linear(p.proj, g2));
   return residual(h1, g3, p.norm, eps, s, lw.layerScalar, next);
