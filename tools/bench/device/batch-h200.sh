@@ -12,35 +12,30 @@
 #             MLX_BUN_FAST_QMV=$COMPARE_QMV (default exact: the fold; auto: the default without it)
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 PY="${MLX_BUN_PYTHON:-python3}"
-B=.native/bin/bun
-M12="${M12:-.native/bench-models/gemma4-12b-4bit}"
-M1="${M1:-.native/bench-models/gemma4-1b-4bit}"
 STEPS="${STEPS:-fold sched compare}"
 DEADLINE="${DEADLINE:-520}"
 log() { echo "[batch-h200 +${SECONDS}s] $*"; }
-has() { [[ " $STEPS " == *" $1 "* ]]; }
-left() { echo $((DEADLINE - SECONDS)); }
 
-if has fold; then
+if step_on fold; then
   log "qmm-fold-check.py"
   timeout 150 "$PY" tools/bench/device/qmm-fold-check.py --json "$OUT/qmm-fold.json" 2>&1 | tee "$OUT/qmm-fold.log" | tail -40
 fi
-if { has sched || has compare; } && [ ! -f "$M12/config.json" ]; then
+if { step_on sched || step_on compare; } && [ ! -f "$M12/config.json" ]; then
   log "writing the 12B-shaped checkpoint"
   "$PY" tools/bench/device/make_12b_model.py --out "$M12" --rng mlx 2>&1 | tail -1 || { log "checkpoint failed"; exit 1; }
 fi
-if has sched; then
+if step_on sched; then
   for m in ${SCHED:-$M12 $M1}; do
-    [ "$(left)" -lt 90 ] && { log "SKIP batch-fold $m ($(left)s left)"; continue; }
+    [ "$(secs_left)" -lt 90 ] && { log "SKIP batch-fold $m ($(secs_left)s left)"; continue; }
     log "batch-fold.ts $m"
-    timeout $(($(left) - 10)) $B tools/bench/device/batch-fold.ts --model "$m" --streams "${STREAMS:-16}" --tokens "${TOKENS:-64}" \
+    timeout $(($(secs_left) - 10)) $B tools/bench/device/batch-fold.ts --model "$m" --streams "${STREAMS:-16}" --tokens "${TOKENS:-64}" \
       --reps "${REPS:-3}" --json "$OUT/batch-fold-$(basename "$m").json" 2>&1 | tail -6
   done
 fi
-if has compare; then
-  [ "$(left)" -lt 190 ] && { log "SKIP compare ($(left)s left)"; exit 0; }
+if step_on compare; then
+  [ "$(secs_left)" -lt 190 ] && { log "SKIP compare ($(secs_left)s left)"; exit 0; }
   log "compare.ts $M12 (1 and 16 streams)"
-  MLX_BUN_FAST_QMV="${COMPARE_QMV:-exact}" timeout $(($(left) - 5)) $B tools/bench/compare.ts --model "$M12" --label "${LABEL:-CUDA}, 12B-shaped" --python "$PY" \
+  MLX_BUN_FAST_QMV="${COMPARE_QMV:-exact}" timeout $(($(secs_left) - 5)) $B tools/bench/compare.ts --model "$M12" --label "${LABEL:-CUDA}, 12B-shaped" --python "$PY" \
     --streams 1,16 --stream-tokens 64 --stream-reps "${REPS:-3}" --reps "${REPS:-3}" --decode-tokens 128 \
     --skip "bandwidth,prefill,peak prefill,host work,roofline,kv,final peak" \
     --md "$OUT/compare-12b.md" --json "$OUT/compare-12b.json" 2>&1 | tail -22

@@ -15,53 +15,48 @@
 #   graphs    graph-sweep.sh over SETTINGS with what time is left
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 PY="${MLX_BUN_PYTHON:-python3}"
-B=.native/bin/bun
-M12="${M12:-.native/bench-models/gemma4-12b-4bit}"
-M1="${M1:-.native/bench-models/gemma4-1b-4bit}"
 STEPS="${STEPS:-check norms all graphs}"
 DEADLINE="${DEADLINE:-480}"
 log() { echo "[norms-h200 +${SECONDS}s] $*"; }
-has() { [[ " $STEPS " == *" $1 "* ]]; }
-left() { echo $((DEADLINE - SECONDS)); }
 
-if has check; then
+if step_on check; then
   $B tools/kernels/export-sources.ts /tmp/kernel-sources.json >/dev/null || exit 1
   log "check_cuda_kernels.py (norm kernels, exact-order matvec)"
   timeout 150 "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json \
     --only mlxb_qkv_norm_exact,mlxb_q_norm_exact,mlxb_residual_norm_exact,mlxb_residual_exact,mlxb_qmv_exact 2>&1 | tee "$OUT/norms-check.log" | tail -32
 fi
-if { has norms || has all || has ladder || has ops || has graphs; } && [ ! -f "$M12/config.json" ]; then
+if { step_on norms || step_on all || step_on ladder || step_on ops || step_on graphs; } && [ ! -f "$M12/config.json" ]; then
   log "writing the 12B-shaped checkpoint"
   "$PY" tools/bench/device/make_12b_model.py --out "$M12" --rng mlx 2>&1 | tail -1 || { log "checkpoint failed"; exit 1; }
 fi
 for ab in norms all; do
-  has "$ab" || continue
-  [ "$(left)" -lt 120 ] && { log "SKIP $ab ($(left)s left)"; continue; }
+  step_on "$ab" || continue
+  [ "$(secs_left)" -lt 120 ] && { log "SKIP $ab ($(secs_left)s left)"; continue; }
   log "qmv-decode.ts --ab exact-$ab"
-  timeout $(($(left) - 20)) $B tools/bench/device/qmv-decode.ts --model "$M12" --python "$PY" --ab "exact-$ab" \
+  timeout $(($(secs_left) - 20)) $B tools/bench/device/qmv-decode.ts --model "$M12" --python "$PY" --ab "exact-$ab" \
     --reps "${REPS:-3}" --decode-tokens "${TOKENS:-128}" --kl-steps "${KL_STEPS:-16}" --json "$OUT/exact-$ab-12b.json" 2>&1 | tail -8
 done
-if has ladder; then
+if step_on ladder; then
   if [ ! -f "$M1/config.json" ]; then
     log "writing the 1B checkpoint"
     "$PY" tools/bench/make_bench_model.py --size 1b --out "$M1" --rng mlx 2>&1 | tail -1
   fi
   for m in "$M12" "$M1"; do
-    [ "$(left)" -lt 100 ] && { log "SKIP ladder $m ($(left)s left)"; continue; }
+    [ "$(secs_left)" -lt 100 ] && { log "SKIP ladder $m ($(secs_left)s left)"; continue; }
     log "qmv-decode.ts --ab ${LADDER:-exact-ladder} $m"
-    timeout $(($(left) - 10)) $B tools/bench/device/qmv-decode.ts --model "$m" --python "$PY" --ab "${LADDER:-exact-ladder}" \
+    timeout $(($(secs_left) - 10)) $B tools/bench/device/qmv-decode.ts --model "$m" --python "$PY" --ab "${LADDER:-exact-ladder}" \
       --reps "${REPS:-5}" --decode-tokens "${TOKENS:-128}" --kl-steps "${KL_STEPS:-16}" --json "$OUT/${LADDER:-exact-ladder}-$(basename "$m").json" 2>&1 | tail -8
   done
 fi
-if has ops; then
+if step_on ops; then
   for n in ${OPS:-100 200}; do
-    [ "$(left)" -lt 80 ] && { log "SKIP ops $n ($(left)s left)"; continue; }
+    [ "$(secs_left)" -lt 80 ] && { log "SKIP ops $n ($(secs_left)s left)"; continue; }
     log "MLX_MAX_OPS_PER_BUFFER=$n qmv-decode.ts --ab exact-all"
-    MLX_MAX_OPS_PER_BUFFER=$n timeout $(($(left) - 10)) $B tools/bench/device/qmv-decode.ts --model "$M12" --python "$PY" --ab exact-all \
+    MLX_MAX_OPS_PER_BUFFER=$n timeout $(($(secs_left) - 10)) $B tools/bench/device/qmv-decode.ts --model "$M12" --python "$PY" --ab exact-all \
       --reps 3 --decode-tokens "${TOKENS:-128}" --kl-steps 2 --json "$OUT/exact-all-ops$n-12b.json" 2>&1 | tail -5
   done
 fi
-if has graphs && [ "$(left)" -ge 120 ]; then
-  DEADLINE=$(left) SETTINGS="${SETTINGS:-MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=200}" bash tools/bench/device/graph-sweep.sh
+if step_on graphs && [ "$(secs_left)" -ge 120 ]; then
+  DEADLINE=$(secs_left) SETTINGS="${SETTINGS:-MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=200}" bash tools/bench/device/graph-sweep.sh
 fi
 log "done"

@@ -5,3 +5,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 cd "$root"
 OUT="${OUT:-/tmp/h200-out}"
 mkdir -p "$OUT"
+
+# For the scripts run in steps (STEPS, a space-separated list, and DEADLINE, seconds for the
+# script): whether step $1 is asked for, and the seconds left. The bench checkpoints' paths and Bun.
+step_on() { [[ " ${STEPS:-} " == *" $1 "* ]]; }
+secs_left() { echo $((${DEADLINE:-600} - SECONDS)); }
+B=.native/bin/bun
+M12="${M12:-.native/bench-models/gemma4-12b-4bit}"
+M1="${M1:-.native/bench-models/gemma4-1b-4bit}"
