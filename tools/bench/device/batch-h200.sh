@@ -11,7 +11,6 @@
 #   compare   compare.ts on the 12B-shaped model, 1 and 16 HTTP streams against mlx_lm.server, under
 #             MLX_BUN_FAST_QMV=$COMPARE_QMV (default exact: the fold; auto: the default without it)
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
-PY="${MLX_BUN_PYTHON:-python3}"
 STEPS="${STEPS:-fold sched compare}"
 DEADLINE="${DEADLINE:-520}"
 log() { echo "[batch-h200 +${SECONDS}s] $*"; }

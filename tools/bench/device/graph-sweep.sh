@@ -7,8 +7,6 @@
 # decode-step-profile.ts --host (build / encode / wait per step, exact and exact-order matvec paths)
 # and qmv-decode.ts --ab exact-qmv (KL, then tok/s of both paths and mlx-lm, same setting for all).
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
-PY="${MLX_BUN_PYTHON:-python3}"
-M12="${M12:-.native/bench-models/gemma4-12b-4bit}"
 SETTINGS="${SETTINGS:-MLX_MAX_OPS_PER_BUFFER=60 MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=100 MLX_MAX_OPS_PER_BUFFER=200}"
 DEADLINE="${DEADLINE:-540}"
 log() { echo "[graph-sweep +${SECONDS}s] $*"; }

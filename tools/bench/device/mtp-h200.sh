@@ -23,7 +23,6 @@
 #     bash tools/bench/device/mtp-h200.sh
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 exec > >(tee -a "$OUT/mtp-h200.log") 2>&1
-PY="${MLX_BUN_PYTHON:-python3}"
 export MLX_BUN_PYTHON="$PY"
 DEADLINE="${DEADLINE:-300}"
 MIN12="${MIN12:-150}"        # left before the 12B checkpoint is written (write ~30-60 s + bench)

@@ -14,7 +14,6 @@
 #   ops       --ab exact-all under MLX_MAX_OPS_PER_BUFFER=N for each N in OPS (mlx-bun's own default: 60)
 #   graphs    graph-sweep.sh over SETTINGS with what time is left
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
-PY="${MLX_BUN_PYTHON:-python3}"
 STEPS="${STEPS:-check norms all graphs}"
 DEADLINE="${DEADLINE:-480}"
 log() { echo "[norms-h200 +${SECONDS}s] $*"; }

@@ -114,7 +114,7 @@ __device__ __forceinline__ void mlxb_head_norm(const __nv_bfloat16* src, __nv_bf
 `;
 
 // What a heads kernel takes once per block: shared scratch, eps, and the position and base of RoPE.
-const ROPE_CONSTS_CUDA = `
+const HEADS_PRELUDE_CUDA = `
   __shared__ float tmp[BLOCK / 32];
   __shared__ __nv_bfloat16 row_n[ROPE != 0 ? A : 1];
   const float eps = __uint_as_float((unsigned)EPS_BITS);
@@ -122,7 +122,7 @@ const ROPE_CONSTS_CUDA = `
   const float log2_base = __uint_as_float((unsigned)BASE_BITS);
 `;
 
-const QKV_CUDA = `${ROPE_CONSTS_CUDA}
+const QKV_CUDA = `${HEADS_PRELUDE_CUDA}
   constexpr int HT = HQ + 2 * HK;
   const int row = (int)blockIdx.x / HT, h = (int)blockIdx.x % HT;
   const __nv_bfloat16* src = x + (size_t)row * ((HQ + HK + HV) * A);
@@ -140,7 +140,7 @@ const QKV_CUDA = `${ROPE_CONSTS_CUDA}
 `;
 
 // The queries alone (a KV-sharing layer's projection): a block per q head.
-const Q_CUDA = `${ROPE_CONSTS_CUDA}
+const Q_CUDA = `${HEADS_PRELUDE_CUDA}
   const size_t head = (size_t)blockIdx.x * A;
   mlxb_head_norm<BLOCK, CHUNKS, A, ROPE, RD>(x + head, q + head, q_w, true, eps, pos, log2_base, freqs, tmp, row_n);
 `;

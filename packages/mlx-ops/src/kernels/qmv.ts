@@ -510,8 +510,8 @@ export function quantized_linear(
   stream?: Stream,
 ): MlxArray {
   const mode = q.mode ?? "affine";
+  const r = resolve();
   if (biases && mode === "affine" && stream === undefined && (q.bits === 4 || q.bits === 8) && QMV_GROUP_SIZES.includes(q.group_size)) {
-    const r = resolve();
     const y = r.on || r.exact ? kernelLinear(x, w, scales, biases, q.bits, q.group_size, r) : null;
     if (y) return y;
   }
@@ -519,7 +519,7 @@ export function quantized_linear(
   const K = x.shape[x.ndim - 1]!;
   // Batched decode ([B, 1, K]): MLX's sm90 op runs B one-row GEMMs, each reading all of W; as one
   // [B, K] matrix the same kernel (its tile follows N alone) reads W once, with the same bits.
-  if (resolve().fold && x.ndim >= 3 && x.shape[x.ndim - 2] === 1 && x.size > K) {
+  if (r.fold && x.ndim >= 3 && x.shape[x.ndim - 2] === 1 && x.size > K) {
     using rows = reshape(x, [x.size / K, K]);
     using y = quantized_matmul(rows, w, scales, biases, opts);
     return reshape(y, [...x.shape.slice(0, -1), y.shape[1]!]);
@@ -539,13 +539,18 @@ function kernelLinear(
 ): MlxArray | null {
   const K = x.shape[x.ndim - 1]!;
   const M = x.size / K;
-  // Either kernel reads bits and group size off the shapes: take one only where they agree.
-  if (w.ndim !== 2 || w.shape[1]! * 32 !== K * bits || scales.shape[1]! * group_size !== K) return null;
+  if (!shapesAgree(x, w, scales, bits, group_size)) return null;
   // First call of a shape: validated and marshalled once, then reused every step. The launches
   // read nothing but the inputs' shapes and dtypes (bits and groups included).
   const inputs = [x, w, scales, biases];
   if (exactTakes(x, w, scales, biases, bits, w.shape[0]!, r)) return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
   return r.on && M >= 1 && M <= QMV_MAX_ROWS ? qmv_kernel.runKeyed(inputs, inputsKey(inputs))[0]! : null;
+}
+
+/** Whether w and scales have the shapes `bits` and `group_size` give for x: either kernel reads them off the shapes. */
+function shapesAgree(x: MlxArray, w: MlxArray, scales: MlxArray, bits: number, group_size: number): boolean {
+  const K = x.shape[x.ndim - 1]!;
+  return w.ndim === 2 && w.shape[1]! * 32 === K * bits && scales.shape[1]! * group_size === K;
 }
 
 /**
@@ -583,8 +588,7 @@ export function quantized_linear_stacked(
   partRows: number,
 ): MlxArray | null {
   if (!biases || (q.mode ?? "affine") !== "affine" || !QMV_GROUP_SIZES.includes(q.group_size)) return null;
-  const K = x.shape[x.ndim - 1]!;
-  if (w.ndim !== 2 || w.shape[1]! * 32 !== K * q.bits || scales.shape[1]! * q.group_size !== K) return null;
+  if (!shapesAgree(x, w, scales, q.bits, q.group_size)) return null;
   if (!exactTakes(x, w, scales, biases, q.bits, partRows, resolve())) return null;
   const inputs = [x, w, scales, biases];
   return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
