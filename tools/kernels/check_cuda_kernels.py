@@ -508,12 +508,14 @@ def mlx_cuda_qmv_model(x, wq, scales, biases, gs):
 
 # (x leading shape, N, K, group): one and several chunks of 512, residues of 128-384, ragged N.
 QMV_EXACT_SHAPES = [((1,), 100, 512, 64), ((1, 1), 37, 1024, 32), ((1,), 19, 3840, 128), ((2,), 24, 640, 64),
-                    ((1,), 41, 2304, 32), ((1,), 16, 4096, 64), ((1,), 9, 256, 128)]
+                    ((1,), 41, 2304, 32), ((1,), 16, 4096, 64), ((1,), 9, 256, 128), ((7, 1), 20, 1024, 64),
+                    ((9,), 12, 512, 64)]
 
 
 def qmv_exact_launch(m, n, k, gs):
-    """qmv-exact.ts's launch: one warp a row of w, 8 a block, one grid row per row of x."""
-    return dict(grid=(-(-n // 8) * 256, m, 1), threadgroup=(256, 1, 1), template=[("K", k), ("GS", gs)])
+    """qmv-exact.ts's launch: one warp a row of w, 8 a block; up to 7 rows of x a block, else one a grid row."""
+    r = m if m <= 7 else 1
+    return dict(grid=(-(-n // 8) * 256, m // r, 1), threadgroup=(256, 1, 1), template=[("K", k), ("GS", gs), ("R", r)])
 
 
 def qmv_exact_cases():
@@ -546,6 +548,17 @@ def check_qmv_exact(k, emulate):
         ref = mx.concatenate([mx.quantized_matmul(x, wq[r:r + 15360], scales[r:r + 15360], biases[r:r + 15360], transpose=True,
                                                   group_size=64, bits=4) for r in (0, 15360)], axis=-1)
         ok = compare("mlxb_qmv_exact N30720 = 2 × 15360 K3840 g64 (MLX's op per part, bit for bit)", out, ref, 0, 0) and ok
+        # MLX 0.32.4 takes qmm_sm90 only where group_size ≥ K (its supports_qmm_sm90), so with M·B < 8
+        # rows it runs its qmv whatever N is: the whole stack, the lm_head and batched rows, bit for bit.
+        whole = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=64, bits=4)
+        ok = compare("mlxb_qmv_exact N30720 K3840 g64 (MLX's op on the whole stack, bit for bit)", out, whole, 0, 0) and ok
+        for i, (lead, n, width) in enumerate((((1, 1), 262144, 3840), ((1, 1), 262144, 1536), ((7, 1), 3840, 3840),
+                                              ((2, 1), 262144, 1536), ((4, 1), 15360, 3840))):
+            x, wq, scales, biases = qmv_inputs(lead, n, width, 4, 64, mx.bfloat16, 191 + i)
+            out = k(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[mx.bfloat16],
+                    **qmv_exact_launch(math.prod(lead), n, width, 64))[0]
+            ref = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=64, bits=4)
+            ok = compare(f"mlxb_qmv_exact x{lead} N{n} K{width} g64 (MLX's op, bit for bit)", out, ref, 0, 0) and ok
     return ok
 
 

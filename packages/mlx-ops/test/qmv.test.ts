@@ -198,11 +198,13 @@ describe("qmv kernel", () => {
   test.skipIf(gpu_backend() !== "cuda")("on CUDA, setting exact: quantized_linear equals MLX's op bit for bit where it takes the kernel, and elsewhere", () => {
     set_fast_qmv("exact");
     expect(fast_qmv_enabled()).toBe(true);
-    // One row inside MLX's qmv domain (the kernel), two rows and 8 bits (MLX's op), N past 16384 (MLX's op).
+    // Fewer than 8 rows, N past 16384 included (the kernel: MLX's qmv), 8 rows and 8 bits (MLX's op).
     for (const [lead, n, k, bits] of [
       [[1, 1], 4096, 3840, 4],
       [[1], 2048, 1536, 4],
       [[2], 512, 1024, 4],
+      [[7, 1], 1024, 1536, 4],
+      [[8, 1], 1024, 1536, 4],
       [[1], 512, 1024, 8],
       [[1], 16512, 256, 4],
     ] as const) {
@@ -231,11 +233,19 @@ describe("qmv kernel", () => {
         expect(y !== undefined, `setting ${setting}`).toBe(exactHere && setting === "exact");
       }
       set_fast_qmv("exact");
-      // A part past the bound, 8-bit weights, several rows, or no biases: MLX's op would not run its qmv.
-      expect(quantized_linear_stacked(x!, w!, s!, b!, q, 16400)).toBeNull();
+      // 8 rows or no biases: MLX's op would not run its qmv.
       expect(quantized_linear_stacked(x!, w!, s!, undefined, q, 8200)).toBeNull();
-      using x2 = concatenate([x!, x!], 0);
-      expect(quantized_linear_stacked(x2, w!, s!, b!, q, 8200)).toBeNull();
+      using x8 = concatenate([x!, x!, x!, x!, x!, x!, x!, x!], 0);
+      expect(quantized_linear_stacked(x8, w!, s!, b!, q, 8200)).toBeNull();
+      // Parts past 16384 rows are MLX's qmv too while the group size is below K (sm90 runs its
+      // qmm_sm90 only for group size ≥ K), not with one group a row.
+      expect(quantized_linear_stacked(x!, w!, s!, b!, q, 16400) !== null).toBe(exactHere);
+      const one = inputs([1], 16400, 64, 4, 64, "bfloat16", 12);
+      try {
+        expect(quantized_linear_stacked(one[0]!, one[1]!, one[2]!, one[3]!, q, 16400)).toBeNull();
+      } finally {
+        dispose(one);
+      }
     } finally {
       dispose(xs);
     }

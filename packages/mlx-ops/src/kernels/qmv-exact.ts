@@ -5,12 +5,14 @@
 // by one fused q·s + b, keeps 16 bf16 accumulators updated by a fused x·w + acc, sums them in
 // float32 in order, reduces the warp by a butterfly and rounds once. This kernel keeps that map and
 // every rounding, so its outputs are meant to be MLX's bits; what changes is the memory side:
-// 8-byte weight and 16-byte activation loads (MLX: 4-byte words), and CHUNKS chunks' loads issued
-// before any is used (MLX: one chunk at a time, K a runtime loop bound), K being a template.
+// 8-byte weight and 16-byte activation loads (MLX: 4-byte words), CHUNKS chunks' loads issued
+// before any is used (MLX: one chunk at a time, K a runtime loop bound), K being a template, and up
+// to 7 rows of x against one load of the weights (MLX: one row a block, each reading them again).
 // Bit equality with mx.quantized_matmul is the kernel's test on a GPU (tools/kernels/
-// check_cuda_kernels.py; passed on an H100, and teacher-forced KL 0 end to end); MLX takes this
-// product only for one row of x with N, K ≤ 16384 on sm90. quantized_linear (qmv.ts) routes calls
-// here by default on sm90 for matrices of ≥ 12 M weights, or every such call with MLX_BUN_FAST_QMV=exact.
+// check_cuda_kernels.py; passed on an H100, and teacher-forced KL 0 end to end); MLX 0.32.4 takes
+// this product for fewer than 8 rows of x where the group size is below K (docs/custom-kernels.md).
+// quantized_linear (qmv.ts) routes calls here by default on sm90 for matrices of ≥ 12 M weights, or
+// every such call with MLX_BUN_FAST_QMV=exact.
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul } from "../quantized.ts";
 import { custom_kernel } from "./kernel.ts";
@@ -21,23 +23,29 @@ export const QMV_EXACT_GROUP_SIZES: readonly number[] = [32, 64, 128];
 const ROWS = 8;
 /** Chunks (512 values of K each) whose loads a lane issues before using the first. */
 const CHUNKS = 4;
+/** Rows of x a block takes against one load of the weights (MLX runs its qmv below 8 rows). */
+const EXACT_BLOCK_ROWS = 7;
 
 const HEADER_CUDA = `
-// One chunk of a lane: 16 weights of one group, 16 activations, MLX's two fused roundings each.
-__device__ __forceinline__ void mlxb_qmvx_chunk(uint2 wq, uint4 xa, uint4 xb, __nv_bfloat16 s, __nv_bfloat16 b, __nv_bfloat162* acc) {
+// A lane's 16 weights of one chunk (one group), each rounded to bf16 by MLX's fused q·s + b.
+__device__ __forceinline__ void mlxb_qmvx_weights(uint2 wq, __nv_bfloat16 s, __nv_bfloat16 b, __nv_bfloat162* w2) {
   const __nv_bfloat162 s2 = __halves2bfloat162(s, s);
   const __nv_bfloat162 b2 = __halves2bfloat162(b, b);
   const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.0f, 128.0f);
-  const uint32_t xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     // Elements 2j (low nibble) and 2j + 1 (high nibble) of byte j; 0x4300 | q is the bf16 128 + q.
     const uint32_t byte = ((j < 4 ? wq.x : wq.y) >> (8 * (j & 3))) & 0xffu;
     const uint32_t qq = 0x43004300u | (byte & 0xfu) | ((byte >> 4) << 16);
     const __nv_bfloat162 q2 = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&qq), k128);
-    const __nv_bfloat162 w2 = __hfma2(q2, s2, b2);
-    acc[j] = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&xs[j]), w2, acc[j]);
+    w2[j] = __hfma2(q2, s2, b2);
   }
+}
+// One row of x against them: 16 activations, MLX's fused x·w + acc into the lane's 16 bf16 accumulators.
+__device__ __forceinline__ void mlxb_qmvx_accumulate(uint4 xa, uint4 xb, const __nv_bfloat162* w2, __nv_bfloat162* acc) {
+  const uint32_t xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&xs[j]), w2[j], acc[j]);
 }
 `;
 
@@ -46,13 +54,16 @@ const CUDA = `
   const int row = (int)blockIdx.x * ${ROWS} + (int)(threadIdx.x >> 5);
   const int n = w_shape[0];
   if (row >= n) return;
-  const __nv_bfloat16* xr = x + (size_t)blockIdx.y * K;
+  // R rows of x a block (grid y: the groups of R), each against the same weights, loaded once.
+  const __nv_bfloat16* xr = x + (size_t)blockIdx.y * R * K;
   const uint8_t* wr = reinterpret_cast<const uint8_t*>(w) + (size_t)row * (K / 2);
   const __nv_bfloat16* sr = scales + (size_t)row * (K / GS);
   const __nv_bfloat16* br = biases + (size_t)row * (K / GS);
-  __nv_bfloat162 acc[8];
+  __nv_bfloat162 acc[R][8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) acc[j] = __floats2bfloat162_rn(0.0f, 0.0f);
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[r][j] = __floats2bfloat162_rn(0.0f, 0.0f);
   // Chunks of 512 values in order; the last is partial where K % 512 ≠ 0 (MLX's residue: the
   // lanes whose 16 values start below K take it).
   constexpr int NC = (K + 511) / 512;
@@ -76,18 +87,31 @@ const CUDA = `
     }
 #pragma unroll
     for (int u = 0; u < ${CHUNKS}; ++u) {
-      if (live[u]) mlxb_qmvx_chunk(wq[u], xa[u], xb[u], s[u], b[u], acc);
+      if (live[u]) {
+        __nv_bfloat162 w2[8];
+        mlxb_qmvx_weights(wq[u], s[u], b[u], w2);
+        mlxb_qmvx_accumulate(xa[u], xb[u], w2, acc[0]);
+#pragma unroll
+        for (int r = 1; r < R; ++r) {
+          const int idx = (r0 + u) * 512 + lane * 16;
+          const __nv_bfloat16* xm = xr + (size_t)r * K + idx;
+          mlxb_qmvx_accumulate(*reinterpret_cast<const uint4*>(xm), *reinterpret_cast<const uint4*>(xm + 8), w2, acc[r]);
+        }
+      }
     }
   }
-  float sum = 0.0f;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    sum += __low2float(acc[j]);
-    sum += __high2float(acc[j]);
+  for (int r = 0; r < R; ++r) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      sum += __low2float(acc[r][j]);
+      sum += __high2float(acc[r][j]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) out[((size_t)blockIdx.y * R + r) * n + row] = __float2bfloat16_rn(sum);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (lane == 0) out[(size_t)blockIdx.y * n + row] = __float2bfloat16_rn(sum);
 `;
 
 interface Shape {
@@ -113,7 +137,7 @@ function shapeOf([x, w, scales, biases]: readonly MlxArray[]): Shape | string {
   if (!QMV_EXACT_GROUP_SIZES.includes(group_size)) return `group size ${group_size} not one of ${QMV_EXACT_GROUP_SIZES.join(", ")}`;
   const M = x!.size / K;
   if (M < 1) return "x has no rows";
-  // One row of x per grid row (CUDA's grid y is at most 65,535); decode calls have one.
+  // One row of x per grid row past EXACT_BLOCK_ROWS (CUDA's grid y is at most 65,535).
   if (M > 65535) return `x has ${M} rows, more than 65535`;
   return { M, N, K, group_size };
 }
@@ -135,14 +159,17 @@ export const qmv_exact_kernel = custom_kernel({
   launch: (inputs) => {
     const x = inputs[0]!;
     const { M, N, K, group_size } = shapeOf(inputs) as Shape;
+    // Up to EXACT_BLOCK_ROWS rows of x in one block (the weights read once), else one a grid row.
+    const R = M <= EXACT_BLOCK_ROWS ? M : 1;
     return {
       output_shapes: [[...x.shape.slice(0, -1), N]],
       output_dtypes: ["bfloat16"],
-      grid: [Math.ceil(N / ROWS) * ROWS * 32, M, 1],
+      grid: [Math.ceil(N / ROWS) * ROWS * 32, M / R, 1],
       threadgroup: [ROWS * 32, 1, 1],
       template: [
         ["K", K],
         ["GS", group_size],
+        ["R", R],
       ],
     };
   },

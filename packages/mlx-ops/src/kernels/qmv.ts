@@ -414,17 +414,23 @@ export function qmv(
  * float32-accumulating kernel wherever a GPU source runs (at most QMV_MAX_ROWS rows of x): not a
  * default anywhere, since on the H200 it measured KL 3.3e-3 per token against MLX's op and 0.80×
  * decode tok/s (docs/benchmarks.md). "exact": mlxb_qmv_exact (qmv-exact.ts, MLX's own CUDA
- * arithmetic with wider loads) where MLX's CUDA op would run its qmv on sm90 — one row of bf16 x,
- * 4-bit affine, N and K ≤ 16384 — and MLX's op elsewhere (other architectures may dispatch those
- * shapes to other kernels, so the bits are MLX's there only where MLX also runs its qmv): bit for
- * bit with MLX's op on an H100, 1.5× decode tok/s with the fused exact norms (docs/benchmarks.md).
- * On sm90, "exact" also gives MLX's op batched decode's rows ([B, 1, K]) as one [B, K] matrix:
- * the same GEMM and, as read from MLX's source, the same bits, the weights read once instead of B
- * times (not yet checked on a GPU, so not part of "auto").
+ * arithmetic with wider loads) where MLX's CUDA op would run its qmv on sm90 — fewer than 8 rows of
+ * bf16 x, 4-bit affine, group size < K (MLX 0.32.4 takes its qmm_sm90 only for group size ≥ K) —
+ * and MLX's op elsewhere (other architectures may dispatch those shapes to other kernels, so the
+ * bits are MLX's there only where MLX also runs its qmv): bit for bit with MLX's op on an H100,
+ * 1.5× decode tok/s with the fused exact norms (docs/benchmarks.md). "auto" takes the kernel for
+ * one row with N, K ≤ 16384 only, until the wider domain is checked on a GPU. On sm90 "exact" also
+ * gives MLX's op batched decode's rows ([B, 1, K]) as one [B, K] matrix: MLX's qmm_sm80 with the
+ * same tile (tools/bench/device/qmm-fold-check.py), the weights read once instead of B times.
  */
 export type FastQmvSetting = "auto" | "on" | "off" | "exact";
-/** N and K up to which MLX 0.32's CUDA quantized_matmul runs its qmv for one row on sm90. */
+/**
+ * N and K up to which MLX 0.32's CUDA quantized_matmul runs its qmv for one row on sm90 where its
+ * qmm_sm90 applies (group size ≥ K); with group size < K it runs its qmv for any N and K.
+ */
 const MLX_QMV_MAX_DIM = 16384;
+/** Rows (M·B) from which MLX 0.32's CUDA quantized_matmul leaves its qmv for a tiled GEMM. */
+const MLX_QMV_ROWS = 8;
 /**
  * Rows of x up to which `quantized_linear` takes the kernel: on the H200 it beats MLX's op at
  * M = 1, 2, 4 (MLX launches its matvec once per row) and loses from M = 8, where MLX switches to
@@ -443,12 +449,14 @@ export const QMV_EXACT_AUTO_MIN_ELEMENTS = 12 * 2 ** 20;
 let setting: FastQmvSetting | undefined;
 /**
  * on: the float32 kernel; exact: the setting routes calls to the exact-order kernel; exactMin: from
- * how many weight elements; fold: batched one-position rows go to MLX's op as one matrix.
+ * how many weight elements; wide: every call MLX's qmv takes (fewer than 8 rows, any N) rather than
+ * one row with N, K ≤ 16384; fold: batched one-position rows go to MLX's op as one matrix.
  */
 interface Resolved {
   on: boolean;
   exact: boolean;
   exactMin: number;
+  wide: boolean;
   fold: boolean;
 }
 let resolved: Resolved | undefined;
@@ -481,10 +489,10 @@ function resolve(): Resolved {
     const on = path !== "reference" && s === "on";
     const cuda = select_kernel_path(qmv_exact_kernel.spec, kernel_environment()) === "cuda";
     const auto = s === "auto" && cuda && on_exact_arch();
-    // Folding batched rows keeps MLX's bits as its sm90 GEMM reads (docs/custom-kernels.md), which
-    // no GPU has checked yet: opt-in ("exact") until tools/bench/device/qmm-fold-check.py passes.
-    const fold = cuda && s === "exact" && on_exact_arch();
-    resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0, fold };
+    // MLX's qmv past one row and 16384 rows of W, and folded batched rows (MLX's GEMM with the same
+    // tile): read from MLX's binary (docs/custom-kernels.md), opt-in until checked on a GPU.
+    const wide = cuda && s === "exact" && on_exact_arch();
+    resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0, wide, fold: wide };
   }
   return resolved;
 }
@@ -535,7 +543,7 @@ function kernelLinear(
   biases: MlxArray,
   bits: number,
   group_size: number,
-  r: { on: boolean; exact: boolean; exactMin: number },
+  r: { on: boolean; exact: boolean; exactMin: number; wide: boolean },
 ): MlxArray | null {
   const K = x.shape[x.ndim - 1]!;
   const M = x.size / K;
@@ -565,10 +573,15 @@ function exactTakes(
   biases: MlxArray,
   bits: number,
   partRows: number,
-  r: { exact: boolean; exactMin: number },
+  r: { exact: boolean; exactMin: number; wide: boolean },
 ): boolean {
   const K = x.shape[x.ndim - 1]!;
-  const mlxQmv = x.size === K && bits === 4 && partRows <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM;
+  const rows = x.size / K;
+  const groupSize = K / scales.shape[scales.ndim - 1]!;
+  // Where MLX's own op would run its qmv (quantized.cpp's dispatch; docs/custom-kernels.md).
+  const sm90Qmm = groupSize >= K && (rows > 1 || partRows > MLX_QMV_MAX_DIM || K > MLX_QMV_MAX_DIM);
+  const oneRow = rows === 1 && partRows <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM;
+  const mlxQmv = bits === 4 && (r.wide ? rows < MLX_QMV_ROWS && !sm90Qmm : oneRow);
   return r.exact && mlxQmv && w.shape[0]! * K >= r.exactMin && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16";
 }
 
