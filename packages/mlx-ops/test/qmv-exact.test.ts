@@ -71,29 +71,32 @@ describe("mlxb_qmv_exact", () => {
     }
   });
 
-  test.skipIf(gpu_backend() !== "cuda")("on CUDA: equal to MLX's quantized_matmul bit for bit (1-7 rows, N past 16384, groups 32/64/128, residues of K)", () => {
-    using gpu = Stream.default("gpu");
-    for (const [rows, n, k, gs] of [
-      [1, 4096, 3840, 64],
-      [1, 2048, 3840, 64],
-      [1, 3840, 15360, 64],
-      [1, 1536, 6144, 32],
-      [1, 300, 1024, 128],
-      [1, 129, 640, 64],
-      [1, 262144, 1536, 64],
-      [3, 4096, 3840, 64],
-      [7, 2048, 1536, 64],
-    ] as const) {
-      const xs = inputs([rows, 1], n, k, gs, n + k + rows);
-      try {
-        const [x, w, s, b] = xs;
-        const [o] = qmv_exact_kernel.run(xs, { stream: gpu, path: "cuda" });
-        using out = o!;
-        using ref = quantized_matmul(x!, w!, s!, b!, { group_size: gs, bits: 4, transpose: true, stream: gpu });
-        expectExact(out, ref, `mlxb_qmv_exact ${rows} rows N${n} K${k} g${gs}`);
-      } finally {
-        dispose(xs);
+  test.skipIf(gpu_backend() !== "cuda")(
+    "on CUDA: equal to MLX's quantized_matmul bit for bit (1-7 rows, N past 16384, groups 32/64/128, residues of K)",
+    () => {
+      using gpu = Stream.default("gpu");
+      for (const [rows, n, k, gs] of [
+        [1, 4096, 3840, 64],
+        [1, 2048, 3840, 64],
+        [1, 3840, 15360, 64],
+        [1, 1536, 6144, 32],
+        [1, 300, 1024, 128],
+        [1, 129, 640, 64],
+        [1, 262144, 1536, 64],
+        [3, 4096, 3840, 64],
+        [7, 2048, 1536, 64],
+      ] as const) {
+        const xs = inputs([rows, 1], n, k, gs, n + k + rows);
+        try {
+          const [x, w, s, b] = xs;
+          const [o] = qmv_exact_kernel.run(xs, { stream: gpu, path: "cuda" });
+          using out = o!;
+          using ref = quantized_matmul(x!, w!, s!, b!, { group_size: gs, bits: 4, transpose: true, stream: gpu });
+          expectExact(out, ref, `mlxb_qmv_exact ${rows} rows N${n} K${k} g${gs}`);
+        } finally {
+          dispose(xs);
+        }
       }
-    }
-  });
+    },
+  );
 });
