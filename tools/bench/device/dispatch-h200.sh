@@ -12,10 +12,9 @@
 # 5. bench_qmv.py --quick: µs per shape, MLX's op vs the exact-order kernel, the lm_head included.
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 DEADLINE="${DEADLINE:-500}"
-rest() { echo $((DEADLINE - SECONDS)); }
 CHECK_ONLY=mlxb_qmv_exact DEADLINE=90 STEPS=check bash tools/kernels/qmv-h200.sh
 STEPS=fold DEADLINE=160 bash tools/bench/device/batch-h200.sh
-REPS=3 TOKENS=128 KL_STEPS=16 QMV_DECODE_ARGS="--ab exact-qmv" DEADLINE=$(($(rest) - 100)) STEPS=decode1b bash tools/kernels/qmv-h200.sh
-[ "$(rest)" -gt 90 ] && STEPS=sched SCHED="$M1" REPS=2 DEADLINE=$(($(rest) - 60)) bash tools/bench/device/batch-h200.sh
-[ "$(rest)" -gt 60 ] && QUICK=1 DEADLINE=$(rest) STEPS=bench bash tools/kernels/qmv-h200.sh
+REPS=3 TOKENS=128 KL_STEPS=16 QMV_DECODE_ARGS="--ab exact-qmv" DEADLINE=$(($(secs_left) - 100)) STEPS=decode1b bash tools/kernels/qmv-h200.sh
+[ "$(secs_left)" -gt 90 ] && STEPS=sched SCHED="$M1" REPS=2 DEADLINE=$(($(secs_left) - 60)) bash tools/bench/device/batch-h200.sh
+[ "$(secs_left)" -gt 60 ] && QUICK=1 DEADLINE=$(secs_left) STEPS=bench bash tools/kernels/qmv-h200.sh
 echo "[dispatch-h200 +${SECONDS}s] done"

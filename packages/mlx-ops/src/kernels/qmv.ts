@@ -450,14 +450,13 @@ let setting: FastQmvSetting | undefined;
 /**
  * on: the float32 kernel; exact: the setting routes calls to the exact-order kernel; exactMin: from
  * how many weight elements; wide: every call MLX's qmv takes (fewer than 8 rows, any N) rather than
- * one row with N, K ≤ 16384; fold: batched one-position rows go to MLX's op as one matrix.
+ * one row with N, K ≤ 16384, and batched one-position rows from 8 go to MLX's op as one matrix.
  */
 interface Resolved {
   on: boolean;
   exact: boolean;
   exactMin: number;
   wide: boolean;
-  fold: boolean;
 }
 let resolved: Resolved | undefined;
 
@@ -492,7 +491,7 @@ function resolve(): Resolved {
     // MLX's qmv past one row and 16384 rows of W, and folded batched rows (MLX's GEMM with the same
     // tile): read from MLX's binary (docs/custom-kernels.md), opt-in until checked on a GPU.
     const wide = cuda && s === "exact" && on_exact_arch();
-    resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0, wide, fold: wide };
+    resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0, wide };
   }
   return resolved;
 }
@@ -525,9 +524,9 @@ export function quantized_linear(
   }
   const opts = { group_size: q.group_size, bits: q.bits, mode, transpose: true, stream };
   const K = x.shape[x.ndim - 1]!;
-  // Batched decode ([B, 1, K]): MLX's sm90 op runs B one-row GEMMs, each reading all of W; as one
-  // [B, K] matrix the same kernel (its tile follows N alone) reads W once, with the same bits.
-  if (r.fold && x.ndim >= 3 && x.shape[x.ndim - 2] === 1 && x.size > K) {
+  // Batched decode ([B, 1, K]): from 8 rows MLX runs B one-row problems of its qmm_sm80, each
+  // reading all of W; as one [B, K] matrix the same kernel with the same tile reads W once.
+  if (r.wide && x.ndim >= 3 && x.shape[x.ndim - 2] === 1 && x.size > K) {
     using rows = reshape(x, [x.size / K, K]);
     using y = quantized_matmul(rows, w, scales, biases, opts);
     return reshape(y, [...x.shape.slice(0, -1), y.shape[1]!]);
@@ -543,7 +542,7 @@ function kernelLinear(
   biases: MlxArray,
   bits: number,
   group_size: number,
-  r: { on: boolean; exact: boolean; exactMin: number; wide: boolean },
+  r: Resolved,
 ): MlxArray | null {
   const K = x.shape[x.ndim - 1]!;
   const M = x.size / K;
@@ -551,7 +550,7 @@ function kernelLinear(
   // First call of a shape: validated and marshalled once, then reused every step. The launches
   // read nothing but the inputs' shapes and dtypes (bits and groups included).
   const inputs = [x, w, scales, biases];
-  if (exactTakes(x, w, scales, biases, bits, w.shape[0]!, r)) return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
+  if (exactTakes(x, w, scales, biases, bits, group_size, w.shape[0]!, r)) return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
   return r.on && M >= 1 && M <= QMV_MAX_ROWS ? qmv_kernel.runKeyed(inputs, inputsKey(inputs))[0]! : null;
 }
 
@@ -572,16 +571,16 @@ function exactTakes(
   scales: MlxArray,
   biases: MlxArray,
   bits: number,
+  group_size: number,
   partRows: number,
-  r: { exact: boolean; exactMin: number; wide: boolean },
+  r: Resolved,
 ): boolean {
   const K = x.shape[x.ndim - 1]!;
   const rows = x.size / K;
-  const groupSize = K / scales.shape[scales.ndim - 1]!;
-  // Where MLX's own op would run its qmv (quantized.cpp's dispatch; docs/custom-kernels.md).
-  const sm90Qmm = groupSize >= K && (rows > 1 || partRows > MLX_QMV_MAX_DIM || K > MLX_QMV_MAX_DIM);
+  // Where MLX's own op would run its qmv (quantized.cpp's dispatch; docs/custom-kernels.md): one
+  // row within 16384 always; below 8 rows whatever N where the group size is below K (no qmm_sm90).
   const oneRow = rows === 1 && partRows <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM;
-  const mlxQmv = bits === 4 && (r.wide ? rows < MLX_QMV_ROWS && !sm90Qmm : oneRow);
+  const mlxQmv = bits === 4 && (oneRow || (r.wide && rows < MLX_QMV_ROWS && group_size < K));
   return r.exact && mlxQmv && w.shape[0]! * K >= r.exactMin && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16";
 }
 
@@ -602,7 +601,7 @@ export function quantized_linear_stacked(
 ): MlxArray | null {
   if (!biases || (q.mode ?? "affine") !== "affine" || !QMV_GROUP_SIZES.includes(q.group_size)) return null;
   if (!shapesAgree(x, w, scales, q.bits, q.group_size)) return null;
-  if (!exactTakes(x, w, scales, biases, q.bits, partRows, resolve())) return null;
+  if (!exactTakes(x, w, scales, biases, q.bits, q.group_size, partRows, resolve())) return null;
   const inputs = [x, w, scales, biases];
   return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
 }
