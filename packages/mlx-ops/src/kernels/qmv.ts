@@ -535,15 +535,7 @@ export function quantized_linear(
 }
 
 /** The kernel a `quantized_linear` call takes under setting `r`, or null where none fits (MLX's op). */
-function kernelLinear(
-  x: MlxArray,
-  w: MlxArray,
-  scales: MlxArray,
-  biases: MlxArray,
-  bits: number,
-  group_size: number,
-  r: Resolved,
-): MlxArray | null {
+function kernelLinear(x: MlxArray, w: MlxArray, scales: MlxArray, biases: MlxArray, bits: number, group_size: number, r: Resolved): MlxArray | null {
   const K = x.shape[x.ndim - 1]!;
   const M = x.size / K;
   if (!shapesAgree(x, w, scales, bits, group_size)) return null;
@@ -565,16 +557,7 @@ function shapesAgree(x: MlxArray, w: MlxArray, scales: MlxArray, bits: number, g
  * of at most `partRows` rows each: only where MLX's own op on each part would run its qmv, whose
  * bits the kernel keeps (a part's rows come out the same whatever N; docs/fused-projections.md).
  */
-function exactTakes(
-  x: MlxArray,
-  w: MlxArray,
-  scales: MlxArray,
-  biases: MlxArray,
-  bits: number,
-  group_size: number,
-  partRows: number,
-  r: Resolved,
-): boolean {
+function exactTakes(x: MlxArray, w: MlxArray, scales: MlxArray, biases: MlxArray, bits: number, group_size: number, partRows: number, r: Resolved): boolean {
   const K = x.shape[x.ndim - 1]!;
   const rows = x.size / K;
   // Where MLX's own op would run its qmv (quantized.cpp's dispatch; docs/custom-kernels.md): one
