@@ -10,7 +10,7 @@ reads one of C copies of the weights (C × bytes ≥ 256 MB, so the 50 MB L2 nev
 R calls run in one evaluation (what a decode step's graph does). Each output is also compared
 with MLX's (max |diff| relative to max |ref|).
 "exact" rows: mlxb_qmv_exact (packages/mlx-ops/src/kernels/qmv-exact.ts), MLX's own arithmetic
-with wider loads, where MLX's qmv runs (M·B < 8 rows, 4-bit, group size < K); its rel err must be 0.
+with wider loads, where MLX's qmv runs (M·B < 8 rows, 4- or 8-bit, group size < K); its rel err must be 0.
 --sweep: M = 1 over every (RPW, SPLIT) for the 12B shapes, to check the heuristic.
 --ncu: the same calls once each, for `ncu --kernel-name regex:qmv` (kernel time and DRAM bytes
 per launch, L2 flushed before each); prints the launch order as `NCU-ORDER i label`.
@@ -76,7 +76,7 @@ def main():
 
     def exact(x, q, bits, gs, cfg=None):
         n, k = q[0].shape[0], x.shape[-1]
-        return kern_exact(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype], **qmv_exact_launch(x.size // k, n, k, gs))[0]
+        return kern_exact(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype], **qmv_exact_launch(x.size // k, n, k, gs, bits))[0]
 
     def theirs(x, q, bits, gs, cfg=None):
         return mx.quantized_matmul(x, *q, transpose=True, group_size=gs, bits=bits)
@@ -84,11 +84,12 @@ def main():
     plan = []  # (label, n, k, bits, gs, m, configs)
     for label, n, k in SHAPES_12B + SHAPES_1B:
         plan.append((label, n, k, 4, 64, 1, None))
+    for label, n, k in SHAPES_12B[:2]:  # 8-bit: MLX's float-accumulating qmv against the exact kernel
+        plan.append((label + " 8-bit", n, k, 8, 64, 1, None))
     if not quick:
         for label, n, k in SHAPES_12B[:2]:
             for m in (2, 4, 8, 16):
                 plan.append((label, n, k, 4, 64, m, None))
-            plan.append((label + " 8-bit", n, k, 8, 64, 1, None))
         plan.append(("12B gate/up g32", 15360, 3840, 4, 32, 1, None))
         plan.append(("12B gate/up g128", 15360, 3840, 4, 128, 1, None))
     if sweep:
@@ -109,7 +110,7 @@ def main():
         mx.eval(x)
         cfg0 = qmv_config(m, n, k, bits)
         impls = [("mlx", theirs, None), ("ours", ours, cfg0)] + [(f"ours {c}", ours, c) for c in (cfgs or []) if c != cfg0]
-        if m < 8 and bits == 4:  # where MLX 0.32.4 runs its qmv (M·B < 8, group size < K)
+        if m < 8:  # where MLX 0.32.4 runs its qmv (M·B < 8, group size < K)
             impls.append(("exact", exact, None))
         if cfgs:
             impls = [i for i in impls[1:] if i[0] != "exact"]  # the sweep: ours only (mlx is in the plain row)

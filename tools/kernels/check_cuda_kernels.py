@@ -454,13 +454,13 @@ def qmv_cases():
 # the float32 product within a loose bound (bf16 accumulators drift by a few ulps of the output).
 
 
-def bf16_rne(hi, lo=None):
-    """Round hi + lo (float64 arrays, lo the TwoSum error of hi) to bfloat16 once, to nearest even."""
-    lo = np.zeros_like(hi) if lo is None else lo
+def rne(hi, lo, bits, min_exp):
+    """Round hi + lo (float64 arrays, lo the TwoSum error of hi) once, to nearest even, to `bits`
+    significant bits with subnormals below 2**min_exp (bfloat16: 8, -133; float32: 24, -149)."""
     neg = np.signbit(hi)
     a, e = np.abs(hi), np.where(neg, -lo, lo)
     _, ex = np.frexp(a)
-    ulp = np.ldexp(1.0, np.maximum(ex - 8, -133))
+    ulp = np.ldexp(1.0, np.maximum(ex - bits, min_exp))
     units = a / ulp
     fl = np.floor(units)
     frac = units - fl
@@ -468,36 +468,48 @@ def bf16_rne(hi, lo=None):
     return np.where(neg, -1.0, 1.0) * (fl + up) * ulp
 
 
-def fma_bf16(a, b, c):
-    """bf16(a·b + c) with one rounding (HFMA2.BF16): a·b is exact in float64 for bf16 inputs."""
+def fma_once(a, b, c, bits, min_exp):
+    """a·b + c with one rounding: a·b is exact in float64 for bf16 inputs, the sum's error by TwoSum."""
     p = a * b
     s = p + c
     bb = s - p
-    return bf16_rne(s, (p - (s - bb)) + (c - bb))
+    return rne(s, (p - (s - bb)) + (c - bb), bits, min_exp)
 
 
-def mlx_cuda_qmv_model(x, wq, scales, biases, gs):
+def fma_bf16(a, b, c):
+    """bf16(a·b + c) with one rounding (HFMA2.BF16)."""
+    return fma_once(a, b, c, 8, -133)
+
+
+def mlx_cuda_qmv_model(x, wq, scales, biases, gs, bits=4):
+    """MLX 0.32.4's qmv_kernel: 4-bit qmv_kernel<8, 16, …> (16 values a lane, chunks of 512, bf16
+    accumulators, HFMA2) or 8-bit qmv_kernel<8, 8, …> (8 a lane, chunks of 256, float32 accumulators,
+    FFMA); either way the weight is HFMA2.BF16(q, s, b), then 0 + a0 + a1 + … in float32, a butterfly."""
     k = x.shape[-1]
+    e = 16 if bits == 4 else 8
+    cw = 32 * e
     xs = np.array(x.astype(mx.float32), dtype=np.float64).reshape(-1, k)
     words = np.array(wq, dtype=np.uint64)
     n = words.shape[0]
-    q = ((words[:, np.arange(k) // 8] >> (4 * (np.arange(k) % 8)).astype(np.uint64)) & 15).astype(np.float64)
+    per = 32 // bits
+    q = ((words[:, np.arange(k) // per] >> (bits * (np.arange(k) % per)).astype(np.uint64)) & (2**bits - 1)).astype(np.float64)
     sc = np.repeat(np.array(scales.astype(mx.float32), dtype=np.float64), gs, axis=1)
     bi = np.repeat(np.array(biases.astype(mx.float32), dtype=np.float64), gs, axis=1)
     w = fma_bf16(q, sc, bi)
-    lanes, elems = np.arange(32)[:, None], np.arange(16)[None, :]
+    acc_fma = fma_bf16 if bits == 4 else (lambda a, b, c: fma_once(a, b, c, 24, -149))
+    lanes, elems = np.arange(32)[:, None], np.arange(e)[None, :]
     outs = []
     for row in xs:
-        acc = np.zeros((n, 32, 16))
-        chunks = [r * 512 + lanes * 16 + elems for r in range(k // 512)]
-        if k % 512:
-            chunks.append((k // 512) * 512 + lanes * 16 + elems)
+        acc = np.zeros((n, 32, e))
+        chunks = [r * cw + lanes * e + elems for r in range(k // cw)]
+        if k % cw:
+            chunks.append((k // cw) * cw + lanes * e + elems)
         for idx in chunks:
             live = (idx < k)[None]
             j = np.minimum(idx, k - 1)
-            acc = np.where(live, fma_bf16(row[j][None], w[:, j], acc), acc)
+            acc = np.where(live, acc_fma(row[j][None], w[:, j], acc), acc)
         lane = np.zeros((n, 32), dtype=np.float32)
-        for i in range(16):
+        for i in range(e):
             lane = lane + acc[:, :, i].astype(np.float32)
         for off in (16, 8, 4, 2, 1):
             lane = lane + lane[:, np.arange(32) ^ off]
@@ -506,38 +518,42 @@ def mlx_cuda_qmv_model(x, wq, scales, biases, gs):
     return mx.array(out).astype(mx.bfloat16)  # float32 → bf16: MLX rounds to nearest even
 
 
-# (x leading shape, N, K, group): one and several chunks of 512, residues of 128-384, ragged N.
-QMV_EXACT_SHAPES = [((1,), 100, 512, 64), ((1, 1), 37, 1024, 32), ((1,), 19, 3840, 128), ((2,), 24, 640, 64),
-                    ((1,), 41, 2304, 32), ((1,), 16, 4096, 64), ((1,), 9, 256, 128), ((7, 1), 20, 1024, 64),
-                    ((9,), 12, 512, 64)]
+# (x leading shape, N, K, group, bits): one and several chunks, residues of K, ragged N, 1-9 rows.
+QMV_EXACT_SHAPES = [((1,), 100, 512, 64, 4), ((1, 1), 37, 1024, 32, 4), ((1,), 19, 3840, 128, 4), ((2,), 24, 640, 64, 4),
+                    ((1,), 41, 2304, 32, 4), ((1,), 16, 4096, 64, 4), ((1,), 9, 256, 128, 4), ((7, 1), 20, 1024, 64, 4),
+                    ((9,), 12, 512, 64, 4),
+                    ((1,), 100, 256, 64, 8), ((1, 1), 37, 1536, 32, 8), ((1,), 19, 3840, 128, 8), ((3,), 24, 640, 64, 8),
+                    ((1,), 41, 2336, 32, 8), ((5, 1), 20, 1024, 64, 8), ((9,), 12, 320, 64, 8)]
 
 
-def qmv_exact_launch(m, n, k, gs):
+def qmv_exact_launch(m, n, k, gs, bits=4):
     """qmv-exact.ts's launch: one warp a row of w, 8 a block; up to 7 rows of x a block, else one a grid row."""
     r = m if m <= 7 else 1
-    return dict(grid=(-(-n // 8) * 256, m // r, 1), threadgroup=(256, 1, 1), template=[("K", k), ("GS", gs), ("R", r)])
+    return dict(grid=(-(-n // 8) * 256, m // r, 1), threadgroup=(256, 1, 1),
+                template=[("K", k), ("GS", gs), ("R", r), ("BITS", bits)])
 
 
 def qmv_exact_cases():
-    for i, (lead, n, k, gs) in enumerate(QMV_EXACT_SHAPES):
-        x, wq, scales, biases = qmv_inputs(lead, n, k, 4, gs, mx.bfloat16, 100 + i)
+    for i, (lead, n, k, gs, bits) in enumerate(QMV_EXACT_SHAPES):
+        x, wq, scales, biases = qmv_inputs(lead, n, k, bits, gs, mx.bfloat16, 100 + i)
         launch = dict(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[mx.bfloat16],
-                      **qmv_exact_launch(math.prod(lead), n, k, gs))
-        yield f"x{lead} N{n} K{k} g{gs}", launch, (x, wq, scales, biases, gs)
+                      **qmv_exact_launch(math.prod(lead), n, k, gs, bits))
+        yield f"x{lead} N{n} K{k} {bits}-bit g{gs}", launch, (x, wq, scales, biases, gs, bits)
 
 
 def check_qmv_exact(k, emulate):
     ok = True
-    for label, launch, (x, wq, scales, biases, gs) in qmv_exact_cases():
+    for label, launch, (x, wq, scales, biases, gs, bits) in qmv_exact_cases():
         out = k(**launch)[0]
         if emulate:
-            ok = compare(f"mlxb_qmv_exact {label} (MLX CUDA model)", out, mlx_cuda_qmv_model(x, wq, scales, biases, gs), 0, 0) and ok
+            model = mlx_cuda_qmv_model(x, wq, scales, biases, gs, bits)
+            ok = compare(f"mlxb_qmv_exact {label} (MLX CUDA model)", out, model, 0, 0) and ok
             f = mx.float32
-            truth = mx.quantized_matmul(x.astype(f), wq, scales.astype(f), biases.astype(f), transpose=True, group_size=gs, bits=4)
+            truth = mx.quantized_matmul(x.astype(f), wq, scales.astype(f), biases.astype(f), transpose=True, group_size=gs, bits=bits)
             atol = 0.05 * mx.max(mx.abs(truth)).item()
             ok = compare(f"mlxb_qmv_exact {label} (float32 product, loose)", out, truth, atol, 0) and ok
         else:
-            ref = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=gs, bits=4)
+            ref = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=gs, bits=bits)
             ok = compare(f"mlxb_qmv_exact {label} (MLX's op, bit for bit)", out, ref, 0, 0) and ok
     if not emulate:
         # A stack taller than MLX's qmv bound (the 12B's gate/up, 2 × 15360 rows; fused-linear.ts): each
@@ -559,6 +575,14 @@ def check_qmv_exact(k, emulate):
                     **qmv_exact_launch(math.prod(lead), n, width, 64))[0]
             ref = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=64, bits=4)
             ok = compare(f"mlxb_qmv_exact x{lead} N{n} K{width} g64 (MLX's op, bit for bit)", out, ref, 0, 0) and ok
+        # 8-bit at the bench models' widths: one row, a few rows, the 1B's lm_head.
+        for i, (lead, n, width, gs) in enumerate((((1, 1), 4096, 3840, 64), ((1, 1), 15360, 3840, 64), ((1, 1), 3840, 15360, 64),
+                                                  ((3, 1), 2048, 1536, 32), ((1, 1), 262144, 1536, 64), ((7, 1), 1536, 6144, 128))):
+            x, wq, scales, biases = qmv_inputs(lead, n, width, 8, gs, mx.bfloat16, 201 + i)
+            out = k(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[mx.bfloat16],
+                    **qmv_exact_launch(math.prod(lead), n, width, gs, 8))[0]
+            ref = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=gs, bits=8)
+            ok = compare(f"mlxb_qmv_exact x{lead} N{n} K{width} 8-bit g{gs} (MLX's op, bit for bit)", out, ref, 0, 0) and ok
     return ok
 
 

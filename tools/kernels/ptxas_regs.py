@@ -41,9 +41,14 @@ VARIANTS = [
     # The 12B-shaped model's FFN up projection at one and four rows (issue 20).
     ("mlxb_qmv", dict(BITS=4, GS=64, K=3840, N=15360, MB=1, RPW=4, SPLIT=4)),
     ("mlxb_qmv", dict(BITS=4, GS=64, K=3840, N=15360, MB=4, RPW=4, SPLIT=4)),
-    # MLX's own arithmetic with wider loads (qmv-exact.ts): the 12B's up and down projections.
-    ("mlxb_qmv_exact", dict(K=3840, GS=64)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64)),
+    # MLX's own arithmetic with wider loads (qmv-exact.ts): the 12B's up and down projections, one
+    # row and seven, 4-bit and 8-bit.
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=4)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=8)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=8)),
 ]
 TYPES = {"kw": "uint32_t", "vw": "uint32_t", "w": "uint32_t", "vc": "uint8_t", "centroids": "float", "mask": "bool"}
 OUT_TYPES = {"out": "T"}

@@ -17,7 +17,8 @@ import { expectExact, quantizedInputs, randn } from "./seeded-inputs.ts";
 
 const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
 
-const inputs = (lead: number[], n: number, k: number, gs: number, seed: number): MlxArray[] => quantizedInputs(lead, n, k, 4, gs, "bfloat16", seed);
+const inputs = (lead: number[], n: number, k: number, gs: number, seed: number, bits = 4): MlxArray[] =>
+  quantizedInputs(lead, n, k, bits, gs, "bfloat16", seed);
 const dispose = (xs: MlxArray[]) => xs.forEach((a) => a.dispose());
 
 describe("mlxb_qmv_exact", () => {
@@ -25,7 +26,7 @@ describe("mlxb_qmv_exact", () => {
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
   test.runIf(process.platform === "linux")(
-    "the CUDA body, emulated, equals the model of MLX's CUDA arithmetic bit for bit",
+    "the CUDA body, emulated, equals the model of MLX's CUDA arithmetic bit for bit (4-bit and 8-bit)",
     () => {
       const sources = join(dir, "kernel-sources.json");
       const exp = Bun.spawnSync([process.execPath, join(ROOT, "tools/kernels/export-sources.ts"), sources], { cwd: ROOT, stderr: "pipe" });
@@ -40,7 +41,7 @@ describe("mlxb_qmv_exact", () => {
       const stderr = r.stderr.toString().slice(-2000);
       expect({ code: r.exitCode, bad, stderr }).toEqual({ code: 0, bad: [], stderr });
       expect(out).toMatch(/MLX CUDA model\): max \|diff\| 0, outside tolerance 0/);
-      expect(out).toMatch(/RESULT PASS \(18 comparisons\)/);
+      expect(out).toMatch(/RESULT PASS \(32 comparisons\)/);
     },
     300_000,
   );
@@ -52,7 +53,7 @@ describe("mlxb_qmv_exact", () => {
       using xf = astype(x!, "float16");
       expect(() => qmv_exact(xf, w!, s!, b!)).toThrow(/^kernel mlxb_qmv_exact\(.*\): x must be bfloat16, got float16$/);
       using x2 = randn([1, 512], 4, "bfloat16");
-      expect(() => qmv_exact(x2, w!, s!, b!)).toThrow(/does not hold 512 4-bit values a row/);
+      expect(() => qmv_exact(x2, w!, s!, b!)).toThrow(/does not hold 512 4-bit or 8-bit values a row/);
       using sf = astype(s!, "float32");
       expect(() => qmv_exact(x!, w!, sf, b!)).toThrow(/scales and biases must be \[16, groups\] bfloat16/);
       expect(() => qmv_exact_kernel.run([x!, w!, s!])).toThrow(/expected 4 inputs/);
@@ -72,27 +73,31 @@ describe("mlxb_qmv_exact", () => {
   });
 
   test.skipIf(gpu_backend() !== "cuda")(
-    "on CUDA: equal to MLX's quantized_matmul bit for bit (1-7 rows, N past 16384, groups 32/64/128, residues of K)",
+    "on CUDA: equal to MLX's quantized_matmul bit for bit (1-7 rows, N past 16384, groups 32/64/128, residues of K, 4 and 8 bits)",
     () => {
       using gpu = Stream.default("gpu");
-      for (const [rows, n, k, gs] of [
-        [1, 4096, 3840, 64],
-        [1, 2048, 3840, 64],
-        [1, 3840, 15360, 64],
-        [1, 1536, 6144, 32],
-        [1, 300, 1024, 128],
-        [1, 129, 640, 64],
-        [1, 262144, 1536, 64],
-        [3, 4096, 3840, 64],
-        [7, 2048, 1536, 64],
+      for (const [rows, n, k, gs, bits] of [
+        [1, 4096, 3840, 64, 4],
+        [1, 2048, 3840, 64, 4],
+        [1, 3840, 15360, 64, 4],
+        [1, 1536, 6144, 32, 4],
+        [1, 300, 1024, 128, 4],
+        [1, 129, 640, 64, 4],
+        [1, 262144, 1536, 64, 4],
+        [3, 4096, 3840, 64, 4],
+        [7, 2048, 1536, 64, 4],
+        [1, 4096, 3840, 64, 8],
+        [1, 1536, 6144, 32, 8],
+        [1, 129, 640, 128, 8],
+        [4, 2048, 1536, 64, 8],
       ] as const) {
-        const xs = inputs([rows, 1], n, k, gs, n + k + rows);
+        const xs = inputs([rows, 1], n, k, gs, n + k + rows, bits);
         try {
           const [x, w, s, b] = xs;
           const [o] = qmv_exact_kernel.run(xs, { stream: gpu, path: "cuda" });
           using out = o!;
-          using ref = quantized_matmul(x!, w!, s!, b!, { group_size: gs, bits: 4, transpose: true, stream: gpu });
-          expectExact(out, ref, `mlxb_qmv_exact ${rows} rows N${n} K${k} g${gs}`);
+          using ref = quantized_matmul(x!, w!, s!, b!, { group_size: gs, bits, transpose: true, stream: gpu });
+          expectExact(out, ref, `mlxb_qmv_exact ${rows} rows N${n} K${k} ${bits}-bit g${gs}`);
         } finally {
           dispose(xs);
         }

@@ -198,7 +198,7 @@ describe("qmv kernel", () => {
   test.skipIf(gpu_backend() !== "cuda")("on CUDA, setting exact: quantized_linear equals MLX's op bit for bit where it takes the kernel, and elsewhere", () => {
     set_fast_qmv("exact");
     expect(fast_qmv_enabled()).toBe(true);
-    // Fewer than 8 rows, N past 16384 included (the kernel: MLX's qmv), 8 rows and 8 bits (MLX's op).
+    // Fewer than 8 rows, N past 16384 included, 4 and 8 bits (the kernel: MLX's qmv), 8 rows (MLX's op).
     for (const [lead, n, k, bits] of [
       [[1, 1], 4096, 3840, 4],
       [[1], 2048, 1536, 4],
@@ -206,6 +206,8 @@ describe("qmv kernel", () => {
       [[7, 1], 1024, 1536, 4],
       [[8, 1], 1024, 1536, 4],
       [[1], 512, 1024, 8],
+      [[3, 1], 2048, 1536, 8],
+      [[8, 1], 1024, 1536, 8],
       [[1], 16512, 256, 4],
     ] as const) {
       const xs = inputs([...lead], n, k, bits, 64, "bfloat16", n + k);

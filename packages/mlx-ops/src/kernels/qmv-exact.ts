@@ -1,34 +1,47 @@
-// MLX's own CUDA matrix-vector product for one row of x, arithmetic for arithmetic, with wider and
-// deeper loads: 4-bit affine weights, bfloat16 activations, groups of 32/64/128. MLX 0.32.4's
+// MLX's own CUDA matrix-vector product for a few rows of x, arithmetic for arithmetic, with wider and
+// deeper loads: 4-bit or 8-bit affine weights, bfloat16 activations, groups of 32/64/128. MLX 0.32.4's
 // `qmv_kernel` (read from its sm_90a SASS; docs/custom-kernels.md, "MLX's CUDA matvec, as
-// compiled") gives each lane 16 elements of every 512-wide chunk of K, rounds each weight to bf16
-// by one fused q·s + b, keeps 16 bf16 accumulators updated by a fused x·w + acc, sums them in
-// float32 in order, reduces the warp by a butterfly and rounds once. This kernel keeps that map and
-// every rounding, so its outputs are meant to be MLX's bits; what changes is the memory side:
-// 8-byte weight and 16-byte activation loads (MLX: 4-byte words), CHUNKS chunks' loads issued
-// before any is used (MLX: one chunk at a time, K a runtime loop bound), K being a template, and up
-// to 7 rows of x against one load of the weights (MLX: one row a block, each reading them again).
+// compiled") gives each lane 16 (4-bit) or 8 (8-bit) elements of every 512- or 256-wide chunk of K,
+// rounds each weight to bf16 by one fused q·s + b, keeps one accumulator an element (bf16 for 4-bit,
+// float32 for 8-bit) updated by a fused x·w + acc, sums them in float32 in order, reduces the warp
+// by a butterfly and rounds once. This kernel keeps that map and every rounding, so its outputs are
+// meant to be MLX's bits; what changes is the memory side: 8-byte weight and 16-byte activation
+// loads (MLX: 4-byte words), CHUNKS chunks' loads issued before any is used (MLX: one chunk at a
+// time, K a runtime loop bound), K being a template, and up to 7 rows of x against one load of the
+// weights (MLX: one row a block, each reading them again).
 // Bit equality with mx.quantized_matmul is the kernel's test on a GPU (tools/kernels/
-// check_cuda_kernels.py; passed on an H100, and teacher-forced KL 0 end to end); MLX 0.32.4 takes
-// this product for fewer than 8 rows of x where the group size is below K (docs/custom-kernels.md).
-// quantized_linear (qmv.ts) routes calls here by default on sm90 for matrices of ≥ 12 M weights, or
-// every such call with MLX_BUN_FAST_QMV=exact.
+// check_cuda_kernels.py; 4-bit passed on an H100, and teacher-forced KL 0 end to end; 8-bit not yet
+// run on a GPU); MLX 0.32.4 takes this product for fewer than 8 rows of x where the group size is
+// below K (docs/custom-kernels.md). quantized_linear (qmv.ts) routes 4-bit calls here by default on
+// sm90 for matrices of ≥ 12 M weights, or every call MLX would run through its qmv with
+// MLX_BUN_FAST_QMV=exact (8-bit included).
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul } from "../quantized.ts";
 import { custom_kernel } from "./kernel.ts";
 
 /** Group sizes MLX's qmv instantiates. */
 export const QMV_EXACT_GROUP_SIZES: readonly number[] = [32, 64, 128];
+/** Widths the kernel takes (MLX's qmv for 4-bit and for 8-bit differ in lane width and accumulators). */
+export const QMV_EXACT_BITS: readonly number[] = [4, 8];
 /** Output rows per block (one warp each), as MLX's `rows_per_block`. */
 const ROWS = 8;
-/** Chunks (512 values of K each) whose loads a lane issues before using the first. */
+/** Chunks (512 values of K each at 4 bits, 256 at 8) whose loads a lane issues before using the first. */
 const CHUNKS = 4;
 /** Rows of x a block takes against one load of the weights (MLX runs its qmv below 8 rows). */
 const EXACT_BLOCK_ROWS = 7;
 
 const HEADER_CUDA = `
-// A lane's 16 weights of one chunk (one group), each rounded to bf16 by MLX's fused q·s + b.
-__device__ __forceinline__ void mlxb_qmvx_weights(uint2 wq, __nv_bfloat16 s, __nv_bfloat16 b, __nv_bfloat162* w2) {
+// The accumulator type: bf16 pairs for 4-bit, float for 8-bit (as MLX's qmv).
+template <int B> struct mlxb_qmvx_acc { typedef __nv_bfloat162 type; };
+template <> struct mlxb_qmvx_acc<8> { typedef float type; };
+// Overloads on the accumulator type keep the body free of branches on it.
+__device__ __forceinline__ void mlxb_qmvx_zero(__nv_bfloat162& a) { a = __floats2bfloat162_rn(0.0f, 0.0f); }
+__device__ __forceinline__ void mlxb_qmvx_zero(float& a) { a = 0.0f; }
+// The lane's sum in element order (a pair: its low element, then its high one).
+__device__ __forceinline__ float mlxb_qmvx_add(float sum, __nv_bfloat162 a) { return (sum + __low2float(a)) + __high2float(a); }
+__device__ __forceinline__ float mlxb_qmvx_add(float sum, float a) { return sum + a; }
+// 4-bit: a lane's 16 weights of one chunk (one group), each rounded to bf16 by MLX's fused q·s + b.
+__device__ __forceinline__ void mlxb_qmvx_weights4(uint2 wq, __nv_bfloat16 s, __nv_bfloat16 b, __nv_bfloat162* w2) {
   const __nv_bfloat162 s2 = __halves2bfloat162(s, s);
   const __nv_bfloat162 b2 = __halves2bfloat162(b, b);
   const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.0f, 128.0f);
@@ -41,32 +54,59 @@ __device__ __forceinline__ void mlxb_qmvx_weights(uint2 wq, __nv_bfloat16 s, __n
     w2[j] = __hfma2(q2, s2, b2);
   }
 }
-// One row of x against them: 16 activations, MLX's fused x·w + acc into the lane's 16 bf16 accumulators.
+// 8-bit: a lane's 8 weights of one chunk, the same fused q·s + b in bf16 (a byte is exact in bf16).
+__device__ __forceinline__ void mlxb_qmvx_weights8(uint2 wq, __nv_bfloat16 s, __nv_bfloat16 b, __nv_bfloat162* w2) {
+  const __nv_bfloat162 s2 = __halves2bfloat162(s, s);
+  const __nv_bfloat162 b2 = __halves2bfloat162(b, b);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t word = j < 2 ? wq.x : wq.y;
+    const int sh = 16 * (j & 1);
+    const __nv_bfloat162 q2 = __floats2bfloat162_rn((float)((word >> sh) & 0xffu), (float)((word >> (sh + 8)) & 0xffu));
+    w2[j] = __hfma2(q2, s2, b2);
+  }
+}
+// 4-bit, one row of x against them: 16 activations, MLX's fused x·w + acc into the lane's 16 bf16 accumulators.
 __device__ __forceinline__ void mlxb_qmvx_accumulate(uint4 xa, uint4 xb, const __nv_bfloat162* w2, __nv_bfloat162* acc) {
   const uint32_t xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j] = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&xs[j]), w2[j], acc[j]);
 }
+// 8-bit, one row: 8 activations (xa; xb unused) and weights promoted to float, MLX's float32 fused x·w + acc.
+__device__ __forceinline__ void mlxb_qmvx_accumulate(uint4 xa, uint4, const __nv_bfloat162* w2, float* acc) {
+  const uint32_t xs[4] = {xa.x, xa.y, xa.z, xa.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 x2 = *reinterpret_cast<const __nv_bfloat162*>(&xs[j]);
+    acc[2 * j] = __fmaf_rn(__low2float(x2), __low2float(w2[j]), acc[2 * j]);
+    acc[2 * j + 1] = __fmaf_rn(__high2float(x2), __high2float(w2[j]), acc[2 * j + 1]);
+  }
+}
 `;
 
+// BITS 4: 16 values a lane (chunks of 512), bf16 accumulators; BITS 8: 8 a lane (chunks of 256),
+// float32 accumulators (MLX's qmv_kernel<8, 16, …> and qmv_kernel<8, 8, …>). Either way a lane
+// reads 8 bytes of weights a chunk.
 const CUDA = `
+  constexpr int E = BITS == 4 ? 16 : 8;
+  constexpr int CW = 32 * E;
   const int lane = (int)(threadIdx.x & 31u);
   const int row = (int)blockIdx.x * ${ROWS} + (int)(threadIdx.x >> 5);
   const int n = w_shape[0];
   if (row >= n) return;
   // R rows of x a block (grid y: the groups of R), each against the same weights, loaded once.
   const __nv_bfloat16* xr = x + (size_t)blockIdx.y * R * K;
-  const uint8_t* wr = reinterpret_cast<const uint8_t*>(w) + (size_t)row * (K / 2);
+  const uint8_t* wr = reinterpret_cast<const uint8_t*>(w) + (size_t)row * (K * BITS / 8);
   const __nv_bfloat16* sr = scales + (size_t)row * (K / GS);
   const __nv_bfloat16* br = biases + (size_t)row * (K / GS);
-  __nv_bfloat162 acc[R][8];
+  typename mlxb_qmvx_acc<BITS>::type acc[R][8];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[r][j] = __floats2bfloat162_rn(0.0f, 0.0f);
-  // Chunks of 512 values in order; the last is partial where K % 512 ≠ 0 (MLX's residue: the
-  // lanes whose 16 values start below K take it).
-  constexpr int NC = (K + 511) / 512;
+    for (int j = 0; j < 8; ++j) mlxb_qmvx_zero(acc[r][j]);
+  // Chunks of CW values in order; the last is partial where K % CW ≠ 0 (MLX's residue: the
+  // lanes whose E values start below K take it).
+  constexpr int NC = (K + CW - 1) / CW;
 #pragma unroll
   for (int r0 = 0; r0 < NC; r0 += ${CHUNKS}) {
     uint2 wq[${CHUNKS}];
@@ -75,12 +115,12 @@ const CUDA = `
     bool live[${CHUNKS}];
 #pragma unroll
     for (int u = 0; u < ${CHUNKS}; ++u) {
-      const int idx = (r0 + u) * 512 + lane * 16;
+      const int idx = (r0 + u) * CW + lane * E;
       live[u] = r0 + u < NC && idx < K;
       if (live[u]) {
-        wq[u] = *reinterpret_cast<const uint2*>(wr + idx / 2);
+        wq[u] = *reinterpret_cast<const uint2*>(wr + idx * BITS / 8);
         xa[u] = *reinterpret_cast<const uint4*>(xr + idx);
-        xb[u] = *reinterpret_cast<const uint4*>(xr + idx + 8);
+        xb[u] = BITS == 4 ? *reinterpret_cast<const uint4*>(xr + idx + 8) : uint4{0u, 0u, 0u, 0u};
         s[u] = sr[idx / GS];
         b[u] = br[idx / GS];
       }
@@ -88,26 +128,26 @@ const CUDA = `
 #pragma unroll
     for (int u = 0; u < ${CHUNKS}; ++u) {
       if (live[u]) {
+        const int idx = (r0 + u) * CW + lane * E;
         __nv_bfloat162 w2[8];
-        mlxb_qmvx_weights(wq[u], s[u], b[u], w2);
+        if constexpr (BITS == 4) mlxb_qmvx_weights4(wq[u], s[u], b[u], w2);
+        else mlxb_qmvx_weights8(wq[u], s[u], b[u], w2);
         mlxb_qmvx_accumulate(xa[u], xb[u], w2, acc[0]);
 #pragma unroll
         for (int r = 1; r < R; ++r) {
-          const int idx = (r0 + u) * 512 + lane * 16;
           const __nv_bfloat16* xm = xr + (size_t)r * K + idx;
-          mlxb_qmvx_accumulate(*reinterpret_cast<const uint4*>(xm), *reinterpret_cast<const uint4*>(xm + 8), w2, acc[r]);
+          const uint4 x1 = BITS == 4 ? *reinterpret_cast<const uint4*>(xm + 8) : uint4{0u, 0u, 0u, 0u};
+          mlxb_qmvx_accumulate(*reinterpret_cast<const uint4*>(xm), x1, w2, acc[r]);
         }
       }
     }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
+    // The lane's accumulators in element order, in float32 from 0 (MLX: 0 + a0 + a1 + …).
     float sum = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      sum += __low2float(acc[r][j]);
-      sum += __high2float(acc[r][j]);
-    }
+    for (int j = 0; j < 8; ++j) sum = mlxb_qmvx_add(sum, acc[r][j]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (lane == 0) out[((size_t)blockIdx.y * R + r) * n + row] = __float2bfloat16_rn(sum);
@@ -119,15 +159,18 @@ interface Shape {
   N: number;
   K: number;
   group_size: number;
+  bits: number;
 }
 
 function shapeOf([x, w, scales, biases]: readonly MlxArray[]): Shape | string {
   if (x!.dtype !== "bfloat16") return `x must be bfloat16, got ${x!.dtype}`;
   if (x!.ndim < 1) return "x needs a last axis";
-  if (w!.dtype !== "uint32" || w!.ndim !== 2) return `w must be 2-D uint32 (4-bit packed), got ${w!.describe()}`;
+  if (w!.dtype !== "uint32" || w!.ndim !== 2) return `w must be 2-D uint32 (4- or 8-bit packed), got ${w!.describe()}`;
   const K = x!.shape.at(-1)!;
   const [N, words] = w!.shape as [number, number];
-  if (words * 8 !== K) return `w ${w!.describe()} does not hold ${K} 4-bit values a row`;
+  // The bits a value are the row's 32-bit words over K: 4 or 8.
+  const bits = QMV_EXACT_BITS.find((b) => words * 32 === K * b);
+  if (bits === undefined) return `w ${w!.describe()} does not hold ${K} 4-bit or 8-bit values a row`;
   if (K % 16 !== 0 || K < 16) return `K = ${K} must be a positive multiple of 16`;
   for (const a of [scales!, biases!]) {
     if (a.dtype !== "bfloat16" || a.ndim !== 2 || a.shape[0] !== N) return `scales and biases must be [${N}, groups] bfloat16, got ${a.describe()}`;
@@ -139,7 +182,7 @@ function shapeOf([x, w, scales, biases]: readonly MlxArray[]): Shape | string {
   if (M < 1) return "x has no rows";
   // One row of x per grid row past EXACT_BLOCK_ROWS (CUDA's grid y is at most 65,535).
   if (M > 65535) return `x has ${M} rows, more than 65535`;
-  return { M, N, K, group_size };
+  return { M, N, K, group_size, bits };
 }
 
 export const qmv_exact_kernel = custom_kernel({
@@ -153,12 +196,12 @@ export const qmv_exact_kernel = custom_kernel({
     return typeof s === "string" ? s : null;
   },
   reference: ([x, w, scales, biases], stream) => {
-    const { group_size } = shapeOf([x!, w!, scales!, biases!]) as Shape;
-    return [quantized_matmul(x!, w!, scales!, biases!, { group_size, bits: 4, transpose: true, stream })];
+    const { group_size, bits } = shapeOf([x!, w!, scales!, biases!]) as Shape;
+    return [quantized_matmul(x!, w!, scales!, biases!, { group_size, bits, transpose: true, stream })];
   },
   launch: (inputs) => {
     const x = inputs[0]!;
-    const { M, N, K, group_size } = shapeOf(inputs) as Shape;
+    const { M, N, K, group_size, bits } = shapeOf(inputs) as Shape;
     // Up to EXACT_BLOCK_ROWS rows of x in one block (the weights read once), else one a grid row.
     const R = M <= EXACT_BLOCK_ROWS ? M : 1;
     return {
@@ -170,6 +213,7 @@ export const qmv_exact_kernel = custom_kernel({
         ["K", K],
         ["GS", group_size],
         ["R", R],
+        ["BITS", bits],
       ],
     };
   },

@@ -415,11 +415,11 @@ export function qmv(
  * default anywhere, since on the H200 it measured KL 3.3e-3 per token against MLX's op and 0.80×
  * decode tok/s (docs/benchmarks.md). "exact": mlxb_qmv_exact (qmv-exact.ts, MLX's own CUDA
  * arithmetic with wider loads) where MLX's CUDA op would run its qmv on sm90 — fewer than 8 rows of
- * bf16 x, 4-bit affine, group size < K (MLX 0.32.4 takes its qmm_sm90 only for group size ≥ K) —
+ * bf16 x, 4-bit or 8-bit affine, group size < K (MLX 0.32.4 takes its qmm_sm90 only for group size ≥ K) —
  * and MLX's op elsewhere (other architectures may dispatch those shapes to other kernels, so the
  * bits are MLX's there only where MLX also runs its qmv): bit for bit with MLX's op on an H100,
  * 1.5× decode tok/s with the fused exact norms (docs/benchmarks.md). "auto" takes the kernel for
- * one row with N, K ≤ 16384 only, until the wider domain is checked on a GPU. On sm90 "exact" also
+ * one row of 4-bit weights with N, K ≤ 16384 only, until the wider domain and 8-bit are checked on a GPU. On sm90 "exact" also
  * gives MLX's op batched decode's rows ([B, 1, K]) as one [B, K] matrix: MLX's qmm_sm80 with the
  * same tile (tools/bench/device/qmm-fold-check.py), the weights read once instead of B times.
  */
@@ -563,7 +563,9 @@ function exactTakes(x: MlxArray, w: MlxArray, scales: MlxArray, biases: MlxArray
   // Where MLX's own op would run its qmv (quantized.cpp's dispatch; docs/custom-kernels.md): one
   // row within 16384 always; below 8 rows whatever N where the group size is below K (no qmm_sm90).
   const oneRow = rows === 1 && partRows <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM;
-  const mlxQmv = bits === 4 && (oneRow || (r.wide && rows < MLX_QMV_ROWS && group_size < K));
+  const wideQmv = r.wide && rows < MLX_QMV_ROWS && group_size < K;
+  // 8-bit (MLX's float-accumulating qmv) only in the wider domain: not yet checked on a GPU.
+  const mlxQmv = (bits === 4 && (oneRow || wideQmv)) || (bits === 8 && wideQmv);
   return r.exact && mlxQmv && w.shape[0]! * K >= r.exactMin && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16";
 }
 
