@@ -62,8 +62,10 @@ __device__ __forceinline__ void mlxb_qmvx_weights8(uint2 wq, __nv_bfloat16 s, __
   for (int j = 0; j < 4; ++j) {
     const uint32_t word = j < 2 ? wq.x : wq.y;
     const int sh = 16 * (j & 1);
-    const __nv_bfloat162 q2 = __floats2bfloat162_rn((float)((word >> sh) & 0xffu), (float)((word >> (sh + 8)) & 0xffu));
-    w2[j] = __hfma2(q2, s2, b2);
+    // A byte as a float without I2F (as MLX): 0x4B0000qq is 2^23 + q, less 2^23 exactly.
+    const float q0 = __uint_as_float(0x4B000000u | ((word >> sh) & 0xffu)) - 8388608.0f;
+    const float q1 = __uint_as_float(0x4B000000u | ((word >> (sh + 8)) & 0xffu)) - 8388608.0f;
+    w2[j] = __hfma2(__floats2bfloat162_rn(q0, q1), s2, b2);
   }
 }
 // 4-bit, one row of x against them: 16 activations, MLX's fused x·w + acc into the lane's 16 bf16 accumulators.
