@@ -450,13 +450,15 @@ let setting: FastQmvSetting | undefined;
 /**
  * on: the float32 kernel; exact: the setting routes calls to the exact-order kernel; exactMin: from
  * how many weight elements; wide: every call MLX's qmv takes (fewer than 8 rows, any N) rather than
- * one row with N, K ≤ 16384, and batched one-position rows from 8 go to MLX's op as one matrix.
+ * one row with N, K ≤ 16384, and batched one-position rows from 8 go to MLX's op as one matrix;
+ * eightBit: 8-bit weights too (wide only).
  */
 interface Resolved {
   on: boolean;
   exact: boolean;
   exactMin: number;
   wide: boolean;
+  eightBit: boolean;
 }
 let resolved: Resolved | undefined;
 
@@ -489,9 +491,9 @@ function resolve(): Resolved {
     const cuda = select_kernel_path(qmv_exact_kernel.spec, kernel_environment()) === "cuda";
     const auto = s === "auto" && cuda && on_exact_arch();
     // MLX's qmv past one row and 16384 rows of W, and folded batched rows (MLX's GEMM with the same
-    // tile): read from MLX's binary (docs/custom-kernels.md), opt-in until checked on a GPU.
-    const wide = cuda && s === "exact" && on_exact_arch();
-    resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0, wide };
+    // tile): read from MLX's binary (docs/custom-kernels.md), bit for bit with MLX's op on an H100.
+    const wide = cuda && (s === "exact" || s === "auto") && on_exact_arch();
+    resolved = { on, exact: (cuda && s === "exact") || auto, exactMin: auto ? QMV_EXACT_AUTO_MIN_ELEMENTS : 0, wide, eightBit: wide && s === "exact" };
   }
   return resolved;
 }
@@ -564,8 +566,9 @@ function exactTakes(x: MlxArray, w: MlxArray, scales: MlxArray, biases: MlxArray
   // row within 16384 always; below 8 rows whatever N where the group size is below K (no qmm_sm90).
   const oneRow = rows === 1 && partRows <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM;
   const wideQmv = r.wide && rows < MLX_QMV_ROWS && group_size < K;
-  // 8-bit (MLX's float-accumulating qmv) only in the wider domain: not yet checked on a GPU.
-  const mlxQmv = (bits === 4 && (oneRow || wideQmv)) || (bits === 8 && wideQmv);
+  // 8-bit (MLX's float-accumulating qmv, bit for bit on an H100) only when asked for: at one row
+  // MLX's own 8-bit qmv streams as fast (docs/benchmarks.md).
+  const mlxQmv = (bits === 4 && (oneRow || wideQmv)) || (bits === 8 && wideQmv && r.eightBit);
   return r.exact && mlxQmv && w.shape[0]! * K >= r.exactMin && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16";
 }
 
