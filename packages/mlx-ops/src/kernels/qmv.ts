@@ -408,20 +408,21 @@ export function qmv(
 // ------------------------------------------------------------------------------------------
 
 /**
- * "auto" (the default): "exact" on CUDA sm90 (H100/H200), where the exact-order kernel was read
- * from and checked against MLX's SASS, for matrices of at least QMV_EXACT_AUTO_MIN_ELEMENTS weights
- * (where it is the faster kernel); MLX's op elsewhere. "off": MLX's op. "on": the
- * float32-accumulating kernel wherever a GPU source runs (at most QMV_MAX_ROWS rows of x): not a
- * default anywhere, since on the H200 it measured KL 3.3e-3 per token against MLX's op and 0.80×
- * decode tok/s (docs/benchmarks.md). "exact": mlxb_qmv_exact (qmv-exact.ts, MLX's own CUDA
- * arithmetic with wider loads) where MLX's CUDA op would run its qmv on sm90 — fewer than 8 rows of
- * bf16 x, 4-bit or 8-bit affine, group size < K (MLX 0.32.4 takes its qmm_sm90 only for group size ≥ K) —
- * and MLX's op elsewhere (other architectures may dispatch those shapes to other kernels, so the
- * bits are MLX's there only where MLX also runs its qmv): bit for bit with MLX's op on an H100,
- * 1.5× decode tok/s with the fused exact norms (docs/benchmarks.md). "auto" takes the kernel for
- * one row of 4-bit weights with N, K ≤ 16384 only, until the wider domain and 8-bit are checked on a GPU. On sm90 "exact" also
- * gives MLX's op batched decode's rows ([B, 1, K]) as one [B, K] matrix: MLX's qmm_sm80 with the
- * same tile (tools/bench/device/qmm-fold-check.py), the weights read once instead of B times.
+ * "auto" (the default): on CUDA sm90 (H100/H200), where the exact-order kernel was read from and
+ * checked against MLX's SASS, "exact" for 4-bit matrices of at least QMV_EXACT_AUTO_MIN_ELEMENTS
+ * weights (where it is the faster kernel: the 12B's projections, every lm_head) and the batched
+ * rows' fold below; MLX's op elsewhere. "off": MLX's op. "on": the float32-accumulating kernel
+ * wherever a GPU source runs (at most QMV_MAX_ROWS rows of x): not a default anywhere, since on the
+ * H200 it measured KL 3.3e-3 per token against MLX's op and 0.80× decode tok/s (docs/benchmarks.md).
+ * "exact": mlxb_qmv_exact (qmv-exact.ts, MLX's own CUDA arithmetic with wider loads) wherever MLX's
+ * CUDA op would run its qmv on sm90 — fewer than 8 rows of bf16 x, 4-bit or 8-bit affine, group
+ * size < K (MLX 0.32.4 takes its qmm_sm90 only for group size ≥ K), any size — and MLX's op
+ * elsewhere (other architectures may dispatch those shapes to other kernels, so the bits are
+ * MLX's there only where MLX also runs its qmv; off sm90 "exact" keeps to one row, N, K ≤ 16384).
+ * Bit for bit with MLX's op on an H100 (tools/kernels/check_cuda_kernels.py, KL 0 end to end).
+ * On sm90 "auto" and "exact" also give MLX's op batched decode's rows ([B, 1, K], from 8) as one
+ * [B, K] matrix: MLX's qmm_sm80 with the same tile and the same bits
+ * (tools/bench/device/qmm-fold-check.py), the weights read once instead of B times.
  */
 export type FastQmvSetting = "auto" | "on" | "off" | "exact";
 /**
