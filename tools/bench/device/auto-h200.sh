@@ -9,7 +9,7 @@
 # 3. bench_qmv.py --quick: µs per shape, the lm_head, 2 and 4 rows, 8-bit.
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 DEADLINE="${DEADLINE:-500}"
-REPS=3 TOKENS=128 KL_STEPS=8 QMV_DECODE_ARGS="--ab exact-auto" DEADLINE=$(($(secs_left) - 130)) STEPS=decode12b bash tools/kernels/qmv-h200.sh
+REPS=3 TOKENS=128 KL_STEPS=4 QMV_DECODE_ARGS="--ab exact-auto" DEADLINE=$(($(secs_left) - 130)) STEPS=decode12b bash tools/kernels/qmv-h200.sh
 [ "$(secs_left)" -gt 80 ] && STEPS=sched SCHED="$M12" REPS=2 DEADLINE=$(($(secs_left) - 50)) bash tools/bench/device/batch-h200.sh
 [ "$(secs_left)" -gt 45 ] && QUICK=1 DEADLINE=$(secs_left) STEPS=bench bash tools/kernels/qmv-h200.sh
 echo "[auto-h200 +${SECONDS}s] done"
