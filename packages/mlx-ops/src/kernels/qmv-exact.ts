@@ -10,11 +10,11 @@
 // time, K a runtime loop bound), K being a template, and up to 7 rows of x against one load of the
 // weights (MLX: one row a block, each reading them again).
 // Bit equality with mx.quantized_matmul is the kernel's test on a GPU (tools/kernels/
-// check_cuda_kernels.py; 4-bit passed on an H100, and teacher-forced KL 0 end to end; 8-bit not yet
-// run on a GPU); MLX 0.32.4 takes this product for fewer than 8 rows of x where the group size is
-// below K (docs/custom-kernels.md). quantized_linear (qmv.ts) routes 4-bit calls here by default on
-// sm90 for matrices of ≥ 12 M weights, or every call MLX would run through its qmv with
-// MLX_BUN_FAST_QMV=exact (8-bit included).
+// check_cuda_kernels.py; 4-bit and 8-bit passed on an H100, and teacher-forced KL 0 end to end);
+// MLX 0.32.4 takes this product for fewer than 8 rows of x where the group size is below K
+// (docs/custom-kernels.md). quantized_linear (qmv.ts) routes 4-bit calls with fewer than 8 rows
+// here by default on sm90 for matrices of ≥ 12 M weights, or every call MLX would run through its
+// qmv with MLX_BUN_FAST_QMV=exact (8-bit included: as fast as MLX's own there, not faster).
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { quantized_matmul } from "../quantized.ts";
 import { custom_kernel } from "./kernel.ts";

@@ -410,7 +410,7 @@ export function qmv(
 /**
  * "auto" (the default): on CUDA sm90 (H100/H200), where the exact-order kernel was read from and
  * checked against MLX's SASS, "exact" for 4-bit matrices of at least QMV_EXACT_AUTO_MIN_ELEMENTS
- * weights (where it is the faster kernel: the 12B's projections, every lm_head) and the batched
+ * weights (where it is the faster kernel: the 12B's large projections, every lm_head) and the batched
  * rows' fold below; MLX's op elsewhere. "off": MLX's op. "on": the float32-accumulating kernel
  * wherever a GPU source runs (at most QMV_MAX_ROWS rows of x): not a default anywhere, since on the
  * H200 it measured KL 3.3e-3 per token against MLX's op and 0.80× decode tok/s (docs/benchmarks.md).
