@@ -86,9 +86,10 @@ def main():
         plan.append((label, n, k, 4, 64, 1, None))
     for label, n, k in SHAPES_12B[:2]:  # 8-bit: MLX's float-accumulating qmv against the exact kernel
         plan.append((label + " 8-bit", n, k, 8, 64, 1, None))
+    label, n, k = SHAPES_12B[0]
     for m in (2, 4):  # a few rows: MLX's qmv reads the weights once a row, the exact kernel once
-        plan.append((SHAPES_12B[0][0], SHAPES_12B[0][1], SHAPES_12B[0][2], 4, 64, m, None))
-        plan.append((SHAPES_12B[0][0] + " 8-bit", SHAPES_12B[0][1], SHAPES_12B[0][2], 8, 64, m, None))
+        plan.append((label, n, k, 4, 64, m, None))
+        plan.append((label + " 8-bit", n, k, 8, 64, m, None))
     if not quick:
         for label, n, k in SHAPES_12B[:2]:
             for m in (8, 16):

@@ -533,12 +533,32 @@ def qmv_exact_launch(m, n, k, gs, bits=4):
                 template=[("K", k), ("GS", gs), ("R", r), ("BITS", bits)])
 
 
-def qmv_exact_cases():
-    for i, (lead, n, k, gs, bits) in enumerate(QMV_EXACT_SHAPES):
-        x, wq, scales, biases = qmv_inputs(lead, n, k, bits, gs, mx.bfloat16, 100 + i)
+def qmv_exact_cases(shapes=QMV_EXACT_SHAPES, seed=100):
+    for i, (lead, n, k, gs, bits) in enumerate(shapes):
+        x, wq, scales, biases = qmv_inputs(lead, n, k, bits, gs, mx.bfloat16, seed + i)
         launch = dict(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[mx.bfloat16],
                       **qmv_exact_launch(math.prod(lead), n, k, gs, bits))
         yield f"x{lead} N{n} K{k} {bits}-bit g{gs}", launch, (x, wq, scales, biases, gs, bits)
+
+
+# GPU only (too large to emulate), against MLX's op: MLX 0.32.4 takes qmm_sm90 only where group_size ≥ K
+# (its supports_qmm_sm90), so with M·B < 8 rows it runs its qmv whatever N is: the lm_heads, batched
+# rows, and 8-bit at the bench models' widths.
+QMV_EXACT_GPU_SHAPES = [((1, 1), 262144, 3840, 64, 4), ((1, 1), 262144, 1536, 64, 4), ((7, 1), 3840, 3840, 64, 4),
+                        ((2, 1), 262144, 1536, 64, 4), ((4, 1), 15360, 3840, 64, 4),
+                        ((1, 1), 4096, 3840, 64, 8), ((1, 1), 15360, 3840, 64, 8), ((1, 1), 3840, 15360, 64, 8),
+                        ((3, 1), 2048, 1536, 32, 8), ((1, 1), 262144, 1536, 64, 8), ((7, 1), 1536, 6144, 128, 8)]
+
+
+def mlx_op_reference(x, wq, scales, biases, gs, bits):
+    """MLX's op where it runs its qmv (fewer than 8 rows); from 8 rows it runs a tiled GEMM instead, so
+    the kernel's rows are MLX's op on each row."""
+    if math.prod(x.shape[:-1]) < 8:
+        return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=gs, bits=bits), "MLX's op"
+    rows = x.reshape(-1, 1, x.shape[-1])
+    ref = mx.concatenate([mx.quantized_matmul(rows[i], wq, scales, biases, transpose=True, group_size=gs, bits=bits)
+                          for i in range(rows.shape[0])])
+    return ref.reshape(*x.shape[:-1], wq.shape[0]), "MLX's op row by row"
 
 
 def check_qmv_exact(k, emulate):
@@ -552,43 +572,23 @@ def check_qmv_exact(k, emulate):
             truth = mx.quantized_matmul(x.astype(f), wq, scales.astype(f), biases.astype(f), transpose=True, group_size=gs, bits=bits)
             atol = 0.05 * mx.max(mx.abs(truth)).item()
             ok = compare(f"mlxb_qmv_exact {label} (float32 product, loose)", out, truth, atol, 0) and ok
-        elif math.prod(x.shape[:-1]) < 8:
-            ref = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=gs, bits=bits)
-            ok = compare(f"mlxb_qmv_exact {label} (MLX's op, bit for bit)", out, ref, 0, 0) and ok
         else:
-            # From 8 rows MLX's op runs a tiled GEMM, not its qmv: the kernel's rows are MLX's op on each row.
-            rows = x.reshape(-1, 1, x.shape[-1])
-            ref = mx.concatenate([mx.quantized_matmul(rows[i], wq, scales, biases, transpose=True, group_size=gs, bits=bits)
-                                  for i in range(rows.shape[0])]).reshape(out.shape)
-            ok = compare(f"mlxb_qmv_exact {label} (MLX's op row by row, bit for bit)", out, ref, 0, 0) and ok
+            ref, how = mlx_op_reference(x, wq, scales, biases, gs, bits)
+            ok = compare(f"mlxb_qmv_exact {label} ({how}, bit for bit)", out, ref, 0, 0) and ok
     if not emulate:
         # A stack taller than MLX's qmv bound (the 12B's gate/up, 2 × 15360 rows; fused-linear.ts): each
-        # part's rows as MLX's op gives them for that part alone (MLX runs another kernel on the stack).
+        # part's rows as MLX's op gives them for that part alone, and as MLX's op on the whole stack.
         x, wq, scales, biases = qmv_inputs((1, 1), 30720, 3840, 4, 64, mx.bfloat16, 190)
         out = k(inputs=[x, wq, scales, biases], output_shapes=[(1, 1, 30720)], output_dtypes=[mx.bfloat16],
                 **qmv_exact_launch(1, 30720, 3840, 64))[0]
         ref = mx.concatenate([mx.quantized_matmul(x, wq[r:r + 15360], scales[r:r + 15360], biases[r:r + 15360], transpose=True,
                                                   group_size=64, bits=4) for r in (0, 15360)], axis=-1)
         ok = compare("mlxb_qmv_exact N30720 = 2 × 15360 K3840 g64 (MLX's op per part, bit for bit)", out, ref, 0, 0) and ok
-        # MLX 0.32.4 takes qmm_sm90 only where group_size ≥ K (its supports_qmm_sm90), so with M·B < 8
-        # rows it runs its qmv whatever N is: the whole stack, the lm_head and batched rows, bit for bit.
         whole = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=64, bits=4)
         ok = compare("mlxb_qmv_exact N30720 K3840 g64 (MLX's op on the whole stack, bit for bit)", out, whole, 0, 0) and ok
-        for i, (lead, n, width) in enumerate((((1, 1), 262144, 3840), ((1, 1), 262144, 1536), ((7, 1), 3840, 3840),
-                                              ((2, 1), 262144, 1536), ((4, 1), 15360, 3840))):
-            x, wq, scales, biases = qmv_inputs(lead, n, width, 4, 64, mx.bfloat16, 191 + i)
-            out = k(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[mx.bfloat16],
-                    **qmv_exact_launch(math.prod(lead), n, width, 64))[0]
-            ref = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=64, bits=4)
-            ok = compare(f"mlxb_qmv_exact x{lead} N{n} K{width} g64 (MLX's op, bit for bit)", out, ref, 0, 0) and ok
-        # 8-bit at the bench models' widths: one row, a few rows, the 1B's lm_head.
-        for i, (lead, n, width, gs) in enumerate((((1, 1), 4096, 3840, 64), ((1, 1), 15360, 3840, 64), ((1, 1), 3840, 15360, 64),
-                                                  ((3, 1), 2048, 1536, 32), ((1, 1), 262144, 1536, 64), ((7, 1), 1536, 6144, 128))):
-            x, wq, scales, biases = qmv_inputs(lead, n, width, 8, gs, mx.bfloat16, 201 + i)
-            out = k(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[mx.bfloat16],
-                    **qmv_exact_launch(math.prod(lead), n, width, gs, 8))[0]
-            ref = mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=gs, bits=8)
-            ok = compare(f"mlxb_qmv_exact x{lead} N{n} K{width} 8-bit g{gs} (MLX's op, bit for bit)", out, ref, 0, 0) and ok
+        for label, launch, (x, wq, scales, biases, gs, bits) in qmv_exact_cases(QMV_EXACT_GPU_SHAPES, 191):
+            ref, how = mlx_op_reference(x, wq, scales, biases, gs, bits)
+            ok = compare(f"mlxb_qmv_exact {label} ({how}, bit for bit)", k(**launch)[0], ref, 0, 0) and ok
     return ok
 
 

@@ -8,7 +8,7 @@
 # 2. qmm-fold-check.py: batched rows as [B, 1, K] and as one [B, K] matrix, bit for bit, and timed.
 # 3. qmv-decode.ts --ab exact-qmv on the 1B: MLX's matvec vs MLX_BUN_FAST_QMV=exact (the wider
 #    domain: lm_head, tall stacks), teacher-forced KL and tok/s with mlx-lm.
-# 4. batch-fold.ts on the 1B: the Scheduler's 16 streams, off vs exact, tokens equal and tok/s.
+# 4. batch-fold.ts on the 1B: the Scheduler's 16 streams, off vs auto (the fold), tokens equal and tok/s.
 # 5. bench_qmv.py --quick: µs per shape, MLX's op vs the exact-order kernel, the lm_head included.
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 DEADLINE="${DEADLINE:-500}"

@@ -1,6 +1,6 @@
 """Batched decode's quantized matmuls on MLX's CUDA backend: x as [B, 1, K] (what mlx-lm passes:
 from 8 rows, B one-row problems of MLX's qmm_sm80) against x as one [B, K] matrix (what mlx-bun's
-quantized_linear passes on sm90 under MLX_BUN_FAST_QMV=exact, packages/mlx-ops/src/kernels/qmv.ts). Bit equality on the 12B- and
+quantized_linear passes on sm90 by default, packages/mlx-ops/src/kernels/qmv.ts). Bit equality on the 12B- and
 1B-shaped layers for B = 2..32, 4 and 8 bits, then the time of each at B = 16 (weights rotated over
 copies larger than L2). Exits 1 on any difference.
     python tools/bench/device/qmm-fold-check.py [--json OUT]
