@@ -27,6 +27,8 @@ from check_cuda_kernels import qmv_config, qmv_exact_launch, qmv_launch  # noqa:
 
 SHAPES_12B = [("12B gate/up", 15360, 3840), ("12B down", 3840, 15360), ("12B q", 4096, 3840), ("12B k/v", 2048, 3840),
               ("12B o", 3840, 4096), ("12B q full", 8192, 3840), ("12B o full", 3840, 8192), ("12B lm_head", 262144, 3840)]
+# Shapes whose exact rows are also timed with 2 and 8 chunks in flight (qmv-exact.ts, QMV_EXACT_CHUNKS).
+CHUNK_SWEEP = ("12B gate/up", "12B down", "12B q", "12B lm_head", "1B gate/up wide", "1B lm_head")
 SHAPES_1B = [("1B gate/up", 6144, 1536), ("1B down", 1536, 6144), ("1B gate/up wide", 12288, 1536), ("1B down wide", 1536, 12288),
              ("1B q", 2048, 1536), ("1B k/v", 256, 1536), ("1B o", 1536, 2048), ("1B lm_head", 262144, 1536)]
 
@@ -74,9 +76,10 @@ def main():
         return kern(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype],
                     **qmv_launch(m, n, k, bits, gs, x.dtype, *cfg))[0]
 
-    def exact(x, q, bits, gs, cfg=None):
+    def exact(x, q, bits, gs, chunks=4):
         n, k = q[0].shape[0], x.shape[-1]
-        return kern_exact(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype], **qmv_exact_launch(x.size // k, n, k, gs, bits))[0]
+        return kern_exact(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype],
+                          **qmv_exact_launch(x.size // k, n, k, gs, bits, chunks))[0]
 
     def theirs(x, q, bits, gs, cfg=None):
         return mx.quantized_matmul(x, *q, transpose=True, group_size=gs, bits=bits)
@@ -116,13 +119,15 @@ def main():
         impls = [("mlx", theirs, None), ("ours", ours, cfg0)] + [(f"ours {c}", ours, c) for c in (cfgs or []) if c != cfg0]
         if m < 8:  # where MLX 0.32.4 runs its qmv (M·B < 8, group size < K)
             impls.append(("exact", exact, None))
+            if m == 1 and bits == 4 and label in CHUNK_SWEEP:  # loads in flight: the default 4 chunks against 2 and 8
+                impls += [(f"exact CH{c}", exact, c) for c in (2, 8)]
         if cfgs:
             impls = [i for i in impls[1:] if i[0] != "exact"]  # the sweep: ours only (mlx is in the plain row)
         ref = theirs(x, qs[0], bits, gs)
         mx.eval(ref)
         scale = max(1e-6, mx.max(mx.abs(ref.astype(mx.float32))).item())
         for name, f, cfg in impls:
-            tag = f"{label} M={m} {bits}-bit g{gs} {name}" + (f" (MB,RPW,SPLIT)={cfg}" if cfg else "")
+            tag = f"{label} M={m} {bits}-bit g{gs} {name}" + (f" (MB,RPW,SPLIT)={cfg}" if isinstance(cfg, tuple) else "")
             out = f(x, qs[0], bits, gs, cfg) if cfg else f(x, qs[0], bits, gs)
             mx.eval(out)
             err = mx.max(mx.abs(out.astype(mx.float32) - ref.astype(mx.float32))).item() / scale

@@ -523,28 +523,32 @@ QMV_EXACT_SHAPES = [((1,), 100, 512, 64, 4), ((1, 1), 37, 1024, 32, 4), ((1,), 1
                     ((1,), 41, 2304, 32, 4), ((1,), 16, 4096, 64, 4), ((1,), 9, 256, 128, 4), ((7, 1), 20, 1024, 64, 4),
                     ((9,), 12, 512, 64, 4),
                     ((1,), 100, 256, 64, 8), ((1, 1), 37, 1536, 32, 8), ((1,), 19, 3840, 128, 8), ((3,), 24, 640, 64, 8),
-                    ((1,), 41, 2336, 32, 8), ((5, 1), 20, 1024, 64, 8), ((9,), 12, 320, 64, 8)]
+                    ((1,), 41, 2336, 32, 8), ((5, 1), 20, 1024, 64, 8), ((9,), 12, 320, 64, 8),
+                    # other chunk counts in flight (a 6th field; 4 otherwise): the same bits whatever it is
+                    ((1,), 19, 3840, 128, 4, 8), ((2,), 24, 640, 64, 4, 1), ((1,), 41, 2336, 32, 8, 3)]
 
 
-def qmv_exact_launch(m, n, k, gs, bits=4):
-    """qmv-exact.ts's launch: one warp a row of w, 8 a block; up to 7 rows of x a block, else one a grid row."""
+def qmv_exact_launch(m, n, k, gs, bits=4, chunks=4):
+    """qmv-exact.ts's launch: one warp a row of w, 8 a block; up to 7 rows of x a block, else one a grid row;
+    `chunks` chunks' loads in flight (QMV_EXACT_CHUNKS)."""
     r = m if m <= 7 else 1
     return dict(grid=(-(-n // 8) * 256, m // r, 1), threadgroup=(256, 1, 1),
-                template=[("K", k), ("GS", gs), ("R", r), ("BITS", bits)])
+                template=[("K", k), ("GS", gs), ("R", r), ("BITS", bits), ("CH", chunks)])
 
 
 def qmv_exact_cases(shapes=QMV_EXACT_SHAPES, seed=100):
-    for i, (lead, n, k, gs, bits) in enumerate(shapes):
+    for i, (lead, n, k, gs, bits, *ch) in enumerate(shapes):
         x, wq, scales, biases = qmv_inputs(lead, n, k, bits, gs, mx.bfloat16, seed + i)
         launch = dict(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[mx.bfloat16],
-                      **qmv_exact_launch(math.prod(lead), n, k, gs, bits))
-        yield f"x{lead} N{n} K{k} {bits}-bit g{gs}", launch, (x, wq, scales, biases, gs, bits)
+                      **qmv_exact_launch(math.prod(lead), n, k, gs, bits, *ch))
+        yield f"x{lead} N{n} K{k} {bits}-bit g{gs}" + (f" CH{ch[0]}" if ch else ""), launch, (x, wq, scales, biases, gs, bits)
 
 
 # GPU only (too large to emulate), against MLX's op: MLX 0.32.4 takes qmm_sm90 only where group_size ≥ K
 # (its supports_qmm_sm90), so with M·B < 8 rows it runs its qmv whatever N is: the lm_heads, batched
 # rows, and 8-bit at the bench models' widths.
 QMV_EXACT_GPU_SHAPES = [((1, 1), 262144, 3840, 64, 4), ((1, 1), 262144, 1536, 64, 4), ((7, 1), 3840, 3840, 64, 4),
+                        ((1, 1), 262144, 3840, 64, 4, 8), ((1, 1), 3840, 15360, 64, 4, 8), ((3, 1), 15360, 3840, 64, 4, 2),
                         ((2, 1), 262144, 1536, 64, 4), ((4, 1), 15360, 3840, 64, 4),
                         ((1, 1), 4096, 3840, 64, 8), ((1, 1), 15360, 3840, 64, 8), ((1, 1), 3840, 15360, 64, 8),
                         ((3, 1), 2048, 1536, 32, 8), ((1, 1), 262144, 1536, 64, 8), ((7, 1), 1536, 6144, 128, 8)]

@@ -42,13 +42,16 @@ VARIANTS = [
     ("mlxb_qmv", dict(BITS=4, GS=64, K=3840, N=15360, MB=1, RPW=4, SPLIT=4)),
     ("mlxb_qmv", dict(BITS=4, GS=64, K=3840, N=15360, MB=4, RPW=4, SPLIT=4)),
     # MLX's own arithmetic with wider loads (qmv-exact.ts): the 12B's up and down projections, one
-    # row and seven, 4-bit and 8-bit.
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=4)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=8)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=8)),
+    # row and seven, 4-bit and 8-bit, 4 chunks in flight (the default), and 2 and 8 at one row.
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=4)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=4, CH=4)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8, CH=4)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=8, CH=4)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=8, CH=4)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=2)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=8)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=8)),
 ]
 TYPES = {"kw": "uint32_t", "vw": "uint32_t", "w": "uint32_t", "vc": "uint8_t", "centroids": "float", "mask": "bool"}
 OUT_TYPES = {"out": "T"}

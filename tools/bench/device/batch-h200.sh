@@ -6,10 +6,10 @@
 #   fold      qmm-fold-check.py: MLX's quantized_matmul on [B, 1, K] against one [B, K] matrix, bit
 #             equality on the 12B and 1B shapes and the time of each at B = 16
 #   sched     batch-fold.ts on each of SCHED (default the 12B-shaped model, then the 1B): the
-#             Scheduler's 16 streams with MLX_BUN_FAST_QMV off against exact (the fold), tokens equal and
+#             Scheduler's 16 streams with MLX_BUN_FAST_QMV off against auto (the fold), tokens equal and
 #             aggregate tok/s
 #   compare   compare.ts on the 12B-shaped model, 1 and 16 HTTP streams against mlx_lm.server, under
-#             MLX_BUN_FAST_QMV=$COMPARE_QMV (default exact: the fold; auto: the default without it)
+#             MLX_BUN_FAST_QMV=$COMPARE_QMV (default auto, the default: the fold from 8 rows; off: MLX's op)
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 STEPS="${STEPS:-fold sched compare}"
 DEADLINE="${DEADLINE:-520}"
@@ -34,7 +34,7 @@ fi
 if step_on compare; then
   [ "$(secs_left)" -lt 190 ] && { log "SKIP compare ($(secs_left)s left)"; exit 0; }
   log "compare.ts $M12 (1 and 16 streams)"
-  MLX_BUN_FAST_QMV="${COMPARE_QMV:-exact}" timeout $(($(secs_left) - 5)) $B tools/bench/compare.ts --model "$M12" --label "${LABEL:-CUDA}, 12B-shaped" --python "$PY" \
+  MLX_BUN_FAST_QMV="${COMPARE_QMV:-auto}" timeout $(($(secs_left) - 5)) $B tools/bench/compare.ts --model "$M12" --label "${LABEL:-CUDA}, 12B-shaped" --python "$PY" \
     --streams 1,16 --stream-tokens 64 --stream-reps "${REPS:-3}" --reps "${REPS:-3}" --decode-tokens 128 \
     --skip "bandwidth,prefill,peak prefill,host work,roofline,kv,final peak" \
     --md "$OUT/compare-12b.md" --json "$OUT/compare-12b.json" 2>&1 | tail -22

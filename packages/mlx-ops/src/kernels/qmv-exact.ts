@@ -6,7 +6,7 @@
 // float32 for 8-bit) updated by a fused x·w + acc, sums them in float32 in order, reduces the warp
 // by a butterfly and rounds once. This kernel keeps that map and every rounding, so its outputs are
 // meant to be MLX's bits; what changes is the memory side: 8-byte weight and 16-byte activation
-// loads (MLX: 4-byte words), CHUNKS chunks' loads issued before any is used (MLX: one chunk at a
+// loads (MLX: 4-byte words), CH chunks' loads issued before any is used (MLX: one chunk at a
 // time, K a runtime loop bound), K being a template, and up to 7 rows of x against one load of the
 // weights (MLX: one row a block, each reading them again).
 // Bit equality with mx.quantized_matmul is the kernel's test on a GPU (tools/kernels/
@@ -25,8 +25,9 @@ export const QMV_EXACT_GROUP_SIZES: readonly number[] = [32, 64, 128];
 export const QMV_EXACT_BITS: readonly number[] = [4, 8];
 /** Output rows per block (one warp each), as MLX's `rows_per_block`. */
 const ROWS = 8;
-/** Chunks (512 values of K each at 4 bits, 256 at 8) whose loads a lane issues before using the first. */
-const CHUNKS = 4;
+/** Chunks (512 values of K each at 4 bits, 256 at 8) whose loads a lane issues before using the first (template CH;
+ * the order of the arithmetic does not depend on it, so neither do the bits). */
+export const QMV_EXACT_CHUNKS = 4;
 /** Rows of x a block takes against one load of the weights (MLX runs its qmv below 8 rows). */
 const EXACT_BLOCK_ROWS = 7;
 
@@ -110,13 +111,13 @@ const CUDA = `
   // lanes whose E values start below K take it).
   constexpr int NC = (K + CW - 1) / CW;
 #pragma unroll
-  for (int r0 = 0; r0 < NC; r0 += ${CHUNKS}) {
-    uint2 wq[${CHUNKS}];
-    uint4 xa[${CHUNKS}], xb[${CHUNKS}];
-    __nv_bfloat16 s[${CHUNKS}], b[${CHUNKS}];
-    bool live[${CHUNKS}];
+  for (int r0 = 0; r0 < NC; r0 += CH) {
+    uint2 wq[CH];
+    uint4 xa[CH], xb[CH];
+    __nv_bfloat16 s[CH], b[CH];
+    bool live[CH];
 #pragma unroll
-    for (int u = 0; u < ${CHUNKS}; ++u) {
+    for (int u = 0; u < CH; ++u) {
       const int idx = (r0 + u) * CW + lane * E;
       live[u] = r0 + u < NC && idx < K;
       if (live[u]) {
@@ -128,7 +129,7 @@ const CUDA = `
       }
     }
 #pragma unroll
-    for (int u = 0; u < ${CHUNKS}; ++u) {
+    for (int u = 0; u < CH; ++u) {
       if (live[u]) {
         const int idx = (r0 + u) * CW + lane * E;
         __nv_bfloat162 w2[8];
@@ -216,6 +217,7 @@ export const qmv_exact_kernel = custom_kernel({
         ["GS", group_size],
         ["R", R],
         ["BITS", bits],
+        ["CH", QMV_EXACT_CHUNKS],
       ],
     };
   },
