@@ -79,6 +79,8 @@ export const plainCodec: KvCodec = {
       length,
       ([k, v], q, scale, mask, sinks) =>
         (sinks ? null : denseDecodeAttention(q, k!, v!, scale, mask)) ??
+        // With the exact launch reductions on (MLX_BUN_EXACT_NORMS), MLX's composition less its ×1.
+        (!sinks && mask === null && mx.kernels.exact_norms_enabled() ? mx.kernels.sdpa_unit_scale(q, k!, v!, scale) : null) ??
         mx.fast.scaled_dot_product_attention(q, k!, v!, { scale, mask, ...(sinks ? { sinks } : {}) }),
     ),
   bytesPerToken: (s) => s.batch * s.kvHeads * (s.kHeadDim + s.vHeadDim) * itemSize(s.dtype),

@@ -18,6 +18,7 @@ export {
 } from "./kernel.ts";
 export { cuda_arch } from "./cuda-arch.ts";
 export { geglu, geglu_kernel } from "./geglu.ts";
+export { sdpa_unit_scale } from "./sdpa-unit-scale.ts";
 export {
   type FastQmvSetting,
   type QmvConfig,

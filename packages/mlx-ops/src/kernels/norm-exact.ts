@@ -495,7 +495,8 @@ export function residual_fits(h: MlxArray, y: MlxArray, postW: MlxArray, scale: 
 }
 
 /**
- * Whether the model's norms take these kernels: "auto" (the default) where the CUDA source runs on
+ * Whether the model's norms take these kernels (and a plain cache's attention at scale 1 skips MLX's
+ * multiply by 1: sdpa-unit-scale.ts, the same kind of launch cut): "auto" (the default) where the CUDA source runs on
  * sm90 (H100/H200), the architecture whose MLX SASS they reproduce and were checked against bit for
  * bit; "on" where the CUDA source runs on any architecture; "off" MLX's ops; "always" the kernels
  * everywhere (their reference composition where no CUDA runs, for tests of the routing on any machine).

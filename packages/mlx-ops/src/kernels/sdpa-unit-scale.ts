@@ -1,0 +1,49 @@
+// MLX's scaled_dot_product_attention where MLX composes it from ops, less its multiply by a scale of
+// 1. Where no fused kernel takes the call (the CPU; CUDA for head dims over 128, as Gemma 4's 256
+// and 512), MLX 0.32's fast.cpp runs `q·scale`, [GQA: unflatten q, expand k and v], q @ kᵀ, mask,
+// precise softmax, @ v, flatten. Gemma 4 attends at scale 1: that multiply is a launch a layer
+// that copies q (x·1 = x in every floating type, with q's strides), so issuing the rest on q itself
+// gives the same bits (docs/custom-kernels.md, "Attention at scale 1").
+import type { MlxArray, Stream } from "@mlx-bun/mlx-ffi";
+import { matmul } from "../linalg.ts";
+import { softmax } from "../reduce.ts";
+import { expand_dims, flatten, swapaxes, unflatten } from "../shape.ts";
+import { kernel_environment } from "./kernel.ts";
+
+/** The widest head CUDA's SDPA kernels take (cuDNN and sdpa_vector): past it MLX composes. */
+const CUDA_SDPA_MAX_HEAD_DIM = 128;
+
+/** Whether MLX 0.32 runs its composition of ops for these inputs on `stream` (not a fused kernel). */
+function mlxComposes(q: MlxArray, v: MlxArray, stream?: Stream): boolean {
+  const env = kernel_environment(stream);
+  if (env.device === "cpu") return true;
+  return env.gpu_backend === "cuda" && Math.max(q.shape[3]!, v.shape[3]!) > CUDA_SDPA_MAX_HEAD_DIM;
+}
+
+/**
+ * softmax(q kᵀ) v with no mask, no sinks and scale 1 for q [B, Hq, L, D], k/v [B, Hkv, T, D] of
+ * one dtype, as MLX's fallback composes it less the multiply by 1; null where MLX would not compose
+ * (Metal, CUDA heads of ≤ 128) or the call is anything else: the caller then runs MLX's op.
+ */
+export function sdpa_unit_scale(q: MlxArray, k: MlxArray, v: MlxArray, scale: number, stream?: Stream): MlxArray | null {
+  if (scale !== 1 || q.ndim !== 4 || k.ndim !== 4 || v.ndim !== 4) return null;
+  if (k.dtype !== q.dtype || v.dtype !== q.dtype || !["bfloat16", "float16", "float32"].includes(q.dtype)) return null;
+  const hq = q.shape[1]!;
+  const hkv = k.shape[1]!;
+  if (hkv < 1 || hq % hkv !== 0 || v.shape[1] !== hkv || k.shape[3] !== q.shape[3] || !mlxComposes(q, v, stream)) return null;
+  const rep = hq / hkv;
+  if (rep === 1) {
+    using kt = swapaxes(k, -1, -2, stream);
+    using scores = matmul(q, kt, stream);
+    using p = softmax(scores, [-1], { precise: true, stream });
+    return matmul(p, v, stream);
+  }
+  using qg = unflatten(q, 1, [hkv, rep], stream);
+  using ke = expand_dims(k, 2, stream);
+  using ve = expand_dims(v, 2, stream);
+  using kt = swapaxes(ke, -1, -2, stream);
+  using scores = matmul(qg, kt, stream);
+  using p = softmax(scores, [-1], { precise: true, stream });
+  using out = matmul(p, ve, stream);
+  return flatten(out, 1, 2, stream);
+}
