@@ -9,7 +9,8 @@
 #   check    check_cuda_kernels.py --only ${CHECK_ONLY:-mlxb_qmv} (NVRTC + every case against the reference)
 #   bench    tools/kernels/bench_qmv.py [--sweep with SWEEP=1]: µs and GB/s per shape, ours vs MLX
 #   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)
-#   ncu12b / ncu1b   one decode step per path under ncu (tools/bench/device/decode-step-profile.ts --ncu)
+#   ncu12b / ncu1b   one decode step per path under ncu (tools/bench/device/decode-step-profile.ts --ncu;
+#                    NCU_FAST=auto: MLX's kernels against the defaults, else MLX's op against the qmv kernel)
 #   host     decode-step-profile.ts --host for the 12B and the 1B (build / encode / wait per step)
 #   decode12b / decode1b   tools/bench/device/qmv-decode.ts: KL + tok/s exact / fast / mlx-lm (REPS, default 5;
 #                          QMV_DECODE_ARGS="--ab fused" compares fused projections off / on instead)
@@ -72,7 +73,7 @@ for s in $STEPS; do
       m=$M1
       if [ "$s" = ncu12b ]; then wait12 || { log "no 12B checkpoint"; continue; }; m=$M12; fi
       log "$s: decode-step-profile.ts --ncu"
-      timeout "$(left 200)" "$NCU" "${NCU_STEP[@]}" $B tools/bench/device/decode-step-profile.ts --model "$m" --ncu > "/tmp/$s.csv" 2> "/tmp/$s.err"
+      timeout "$(left 200)" "$NCU" "${NCU_STEP[@]}" $B tools/bench/device/decode-step-profile.ts --model "$m" --ncu ${NCU_FAST:+--fast $NCU_FAST} > "/tmp/$s.csv" 2> "/tmp/$s.err"
       log "ncu exit $?, $(grep -c '"gpu__time_duration.sum"' "/tmp/$s.csv") kernels; $(grep -v '^==PROF==' "/tmp/$s.err" | tail -4 | tr '\n' ' ')"
       xz -T0 -c "/tmp/$s.csv" > "$OUT/$s.csv.xz"
       ;;

@@ -1,9 +1,10 @@
 // One decode step of mlx-bun at batch 1, on the device: host phases and, under Nsight Compute,
 // the GPU kernels of exactly one step per quantized-matmul path (MLX's op, then the qmv kernel).
 //
-//   .native/bin/bun tools/bench/device/decode-step-profile.ts --model DIR --host [--tokens 48] [--reps 2] [--fast on|exact]
+//   .native/bin/bun tools/bench/device/decode-step-profile.ts --model DIR --host [--tokens 48] [--reps 2] [--fast on|exact|auto]
 //     per path (exact = mx.quantized_matmul, fast = the mlx-ops qmv kernel, or with --fast exact the
-//     exact-order matvec, MLX_BUN_FAST_QMV=exact): an unpipelined step split
+//     exact-order matvec, MLX_BUN_FAST_QMV=exact; --fast auto: MLX's kernels, matvec and norms, against
+//     the defaults, MLX_BUN_FAST_QMV and MLX_BUN_EXACT_NORMS auto): an unpipelined step split
 //     into graph build / asyncEval call (MLX encodes the kernels there) / wait for the token, and
 //     Engine.generate (background evaluation) ms per token; paths interleaved per repetition.
 //   ncu --profile-from-start off ... .native/bin/bun tools/bench/device/decode-step-profile.ts --model DIR --ncu
@@ -42,10 +43,15 @@ const prompt = template!.apply(
   },
 );
 const FAST = arg("fast", "on");
-if (FAST !== "on" && FAST !== "exact") throw new Error(`--fast must be on or exact, got ${FAST}`);
+if (FAST !== "on" && FAST !== "exact" && FAST !== "auto") throw new Error(`--fast must be on, exact or auto, got ${FAST}`);
 const PATHS = { exact: "off", fast: FAST } as const;
 type PathName = keyof typeof PATHS;
-const use = (p: PathName) => mx.kernels.set_fast_qmv(PATHS[p]);
+// --fast auto: MLX's kernels (matvec and norms off) against the defaults (both auto), as qmv-decode.ts --ab exact-auto.
+const NORMS = FAST === "auto" ? ({ exact: "off", fast: "auto" } as const) : null;
+const use = (p: PathName) => {
+  mx.kernels.set_fast_qmv(PATHS[p]);
+  if (NORMS) mx.kernels.set_exact_norms(NORMS[p]);
+};
 
 const { prefilled, step, done, unpipelined } = decodeSteps(engine, prompt, 100000);
 
@@ -104,5 +110,6 @@ if (has("ncu")) {
     }
   }
   mx.kernels.set_fast_qmv(undefined);
+  mx.kernels.set_exact_norms(undefined);
   console.log(JSON.stringify({ model: model.split("/").at(-1), prompt: prompt.length, tokens: N, reps: REPS, paths: out }));
 }
