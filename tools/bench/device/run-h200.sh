@@ -14,13 +14,7 @@ MLXLIB="${MLXLIB:-$SITE/mlx/lib}"   # overrides only for a dry run on another ma
 SIZE="${SIZE:-1b}"
 log() { echo "[h200 +${SECONDS}s] $*"; }
 log "python $("$PY" -V 2>&1), site $SITE, $(nproc) cores"
-# A warm machine (a call right after this script's last one) keeps what the last call unpacked.
-if [ -x .native/bin/bun ] && [ -f .native/device/libmlxb.so ] && [ -f .device-carry/p2/libmlx.so.sha256 ] &&
-  echo "$(cat .device-carry/p2/libmlx.so.sha256)  $MLXLIB/libmlx.so" | sha256sum -c --quiet 2>/dev/null; then
-  log "already unpacked (a warm machine)"
-else
-  bash tools/bench/device/unpack.sh /tmp/st "$SITE" || { log "unpack failed"; exit 1; }
-fi
+bash tools/bench/device/unpack.sh /tmp/st "$SITE" || { log "unpack failed"; exit 1; }
 export LD_LIBRARY_PATH="$MLXLIB" MLX_BUN_NATIVE="$root/.native/device/libmlxb.so" MLX_BUN_PYTHON="$PY" PYTHONUNBUFFERED=1
 # One on-disk PTX cache for every process of the run: MLX's CUDA backend JIT-compiles its kernels
 # with NVRTC per process otherwise (a minute of warm-up each for the bench, each server, each check).
