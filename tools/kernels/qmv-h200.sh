@@ -11,7 +11,7 @@
 #   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)
 #   ncu12b / ncu1b   one decode step per path under ncu (tools/bench/device/decode-step-profile.ts --ncu;
 #                    NCU_FAST=auto: MLX's kernels against the defaults, else MLX's op against the qmv kernel)
-#   host     decode-step-profile.ts --host for the 12B and the 1B (build / encode / wait per step)
+#   host     decode-step-profile.ts --host for the 12B and the 1B (build / encode / wait per step; NCU_FAST as for ncu12b)
 #   decode12b / decode1b   tools/bench/device/qmv-decode.ts: KL + tok/s exact / fast / mlx-lm (REPS, default 5;
 #                          QMV_DECODE_ARGS="--ab fused" compares fused projections off / on instead)
 # The 12B-shaped checkpoint (tools/bench/device/make_12b_model.py) is written in the background at
@@ -82,7 +82,7 @@ for s in $STEPS; do
         fits 50 || continue
         [ "$m" = "$M12" ] && { wait12 || continue; }
         log "decode-step-profile.ts --host $m"
-        timeout "$(left 120)" $B tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens "${HOST_TOKENS:-48}" --reps "${HOST_REPS:-2}" 2>&1 | tail -3
+        timeout "$(left 120)" $B tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens "${HOST_TOKENS:-48}" --reps "${HOST_REPS:-2}" ${NCU_FAST:+--fast $NCU_FAST} 2>&1 | tail -3
       done
       ;;
     decode12b | decode1b)

@@ -3,7 +3,7 @@
 // tok/s of mlx-bun exact, mlx-bun fast and mlx-lm (tools/bench/mlx_lm_bench.py in a Python twin),
 // the order rotated every repetition; min / median / max.
 //   .native/bin/bun tools/bench/device/qmv-decode.ts --model DIR [--python PY] [--reps 5]
-//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto]
+//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|dense-attn]
 // "exact": mx.quantized_matmul everywhere (MLX_BUN_FAST_QMV=0); "fast": the qmv kernel for every
 // quantized linear with at most 16 rows of x (decode), MLX's op for prefill.
 // --ab fused compares instead fused projections off ("exact") and on ("fast", the default path:
@@ -13,11 +13,14 @@
 // --ab exact-norms: MLX's norms vs the fused exact norms (MLX_BUN_EXACT_NORMS=on: q/k/v norms and
 // the residual points in one launch each); --ab exact-all: both exact kernels; --ab exact-ladder:
 // MLX's kernels, each exact kernel alone, both; --ab exact-auto: MLX's kernels vs the default
-// settings. Expected KL 0 (the last side against the first).
+// settings. Expected KL 0 (the last side against the first). --ab dense-attn: the default against the
+// default with the plain caches' split-K decode attention kernel (MLX_BUN_DENSE_DECODE=kernel: two
+// launches a layer instead of MLX's three, float32 throughout; not MLX's bits, so the KL is the test).
 import { writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import { defaultDevice, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
+import { setDenseDecode } from "@mlx-bun/kv-cache";
 import { setFusedProjections } from "@mlx-bun/models";
 import { Engine, Sequence } from "@mlx-bun/runtime";
 import { Twin } from "../twin.ts";
@@ -42,6 +45,8 @@ interface Side {
   qmv?: "on" | "exact" | "auto";
   norms?: "on" | "auto";
   fused?: true;
+  /** The plain caches' decode attention; unset: MLX_BUN_DENSE_DECODE (default MLX's SDPA). */
+  attn?: "kernel";
 }
 /** Each --ab: its sides, the reference first; the KL compares the last side with the first. */
 const AB_MODES: Record<string, Side[]> = {
@@ -59,6 +64,11 @@ const AB_MODES: Record<string, Side[]> = {
   ],
   // What mlx-bun does by default (on CUDA sm90: the fused exact norms, the exact-order matvec on large matrices).
   "exact-auto": [{ label: "mlx-bun MLX's kernels" }, { label: "mlx-bun default", qmv: "auto", norms: "auto" }],
+  // The default, then the default with the split-K decode attention kernel.
+  "dense-attn": [
+    { label: "mlx-bun default", qmv: "auto", norms: "auto" },
+    { label: "mlx-bun default + attention kernel", qmv: "auto", norms: "auto", attn: "kernel" },
+  ],
 };
 const SIDES = AB_MODES[AB];
 if (!SIDES) throw new Error(`--ab must be one of ${Object.keys(AB_MODES).join(", ")}, got ${AB}`);
@@ -79,6 +89,7 @@ const use = (side: Side) => {
   mx.kernels.set_fast_qmv(side.qmv ?? "off");
   mx.kernels.set_exact_norms(side.norms ?? "off");
   if (AB === "fused") setFusedProjections(side.fused ? "on" : "off");
+  setDenseDecode(side.attn);
 };
 const result: Record<string, unknown> = { model, ab: AB, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };
 const save = () => JSON_OUT && writeFileSync(JSON_OUT, JSON.stringify(result, null, 1));

@@ -231,19 +231,32 @@ function queriesKeysValues(
   return [q4, k4, v3];
 }
 
+/**
+ * The RoPE position of a cache's next token as mlx-lm passes it (mx.array(cache.offset)), or a
+ * batch's per-row positions; tracked by `s`. `scalars` keeps one array per offset for the whole
+ * forward: a step's single-sequence caches share their offset, so every layer reads one array
+ * instead of each making (and uploading) its own. The same value as input: the same bits.
+ */
+function cachePosition(cache: Cache, scalars: Map<number, MlxArray>, s: Scope): MlxArray {
+  if (cache.positions) return s.t(cache.positions());
+  let p = scalars.get(cache.offset);
+  if (!p) scalars.set(cache.offset, (p = s.t(MlxArray.scalar(cache.offset, "int32"))));
+  return p;
+}
+
 /** Attention of a KV-owning layer: computes K/V, appends to its cache, attends. Returns h after the residual. */
 export function attentionOwn(
   lw: LayerWeights,
   x: Hidden,
   mask: Mask,
   cache: Cache | null,
+  scalars: Map<number, MlxArray>,
   B: number,
   L: number,
   eps: number,
   s: Scope,
 ): { h: Hidden; shared: Shared } {
-  // mlx-lm passes mx.array(cache.offset): a scalar, or per-row positions of a batch.
-  const offset = cache ? (cache.positions ? cache.positions() : MlxArray.scalar(cache.offset, "int32")) : 0;
+  const offset = cache ? cachePosition(cache, scalars, s) : 0;
   const [q4, k4, v3] = queriesKeysValues(lw, x.n, offset, B, L, eps, s);
   const view = cache ? cache.updateAndFetch(k4, v3) : plainCodec.view([k4.retain(), v3.retain()], L);
   const shared = { view, offset };
@@ -361,11 +374,8 @@ export function finalLogits(m: ModelParts, c: ModelConsts, normed: MlxArray, s: 
   return logitSoftcap(c.softcap, logits);
 }
 
-/** Free the per-step shared views and position arrays. */
+/** Free the per-step shared views. */
 export function releaseShared(shared: readonly (Shared | undefined)[]): void {
-  for (const sh of new Set(shared)) {
-    if (!sh) continue;
-    sh.view.dispose();
-    if (sh.offset instanceof MlxArray) sh.offset.dispose();
-  }
+  // Views only: the offsets belong to the forward's scope (cachePosition).
+  for (const sh of new Set(shared)) sh?.view.dispose();
 }
