@@ -164,12 +164,19 @@ export function scaledQueries(q: MlxArray, scale: number, s?: Stream): MlxArray 
 }
 
 /**
+ * The single `true` of "every key visible", made once for the process (this module owns it and
+ * never frees it): a decode step then writes no mask from the host. On CUDA MLX keeps such small
+ * arrays in one managed-memory pool, whose page each host write takes back from the GPU.
+ */
+let allVisible: MlxArray | null = null;
+
+/**
  * The mask as the kernels read it: an owned [1 or B, 1, 1, T] array (boolean: true = visible;
  * or additive). No mask and "causal" (one query at the last position sees every key) become a
  * single `true`. Null when the mask has another form (per-head masks): the unfused path takes it.
  */
 export function decodeMask(mask: Mask, batch: number, tokens: number): MlxArray | null {
-  if (mask === null || mask === "causal") return MlxArray.fromNumbers([1], [1, 1, 1, 1], "bool");
+  if (mask === null || mask === "causal") return (allVisible ??= MlxArray.fromNumbers([1], [1, 1, 1, 1], "bool")).retain();
   if (mask.ndim > 4 || mask.ndim < 1) return null;
   if (mask.dtype !== "bool" && (!isFloating(mask.dtype) || mask.dtype === "float64")) return null;
   const s = [...new Array<number>(4 - mask.ndim).fill(1), ...mask.shape];

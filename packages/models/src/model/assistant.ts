@@ -21,6 +21,7 @@ import { findWeights, loadPickedTensors } from "../weights.ts";
 import { attentionShared, feedForwardDense, feedForwardMoe, firstHidden, layerEnd, type LayerWeights, type ModelConsts, nextNorm } from "./blocks.ts";
 import { layerRopeFreqs } from "./gemma4.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights } from "./nn.ts";
+import { Scalars } from "./scalars.ts";
 import { Scope } from "./scope.ts";
 
 /** What one drafter layer type attends over: the target's K/V view and its mask. */
@@ -157,6 +158,7 @@ export class Gemma4Assistant implements Disposable {
       hiddenPerLayer: 0,
       softcap: null,
       topK: t.topKExperts ?? 0,
+      scalars: new Scalars(),
     };
   }
 
@@ -278,6 +280,7 @@ export class Gemma4Assistant implements Disposable {
   dispose(): void {
     for (const a of this.#owned) a.dispose();
     this.#owned = [];
+    this.consts.scalars.dispose();
   }
 
   [Symbol.dispose](): void {

@@ -9,6 +9,7 @@ import { WeightsError } from "../errors.ts";
 import { geglu, logitSoftcap } from "./compiled.ts";
 import { type FusedLinear, fusedLinear, linearParts } from "./fused-linear.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights, switchLinear } from "./nn.ts";
+import type { Scalars } from "./scalars.ts";
 import { Scope } from "./scope.ts";
 
 export interface LayerWeights {
@@ -65,6 +66,8 @@ export interface ModelConsts {
   hiddenPerLayer: number;
   softcap: number | null;
   topK: number;
+  /** The fixed scalar operands, made once (scalars.ts). */
+  scalars: Scalars;
 }
 
 /**
@@ -103,18 +106,20 @@ export interface EmbeddedInputs {
 
 /** Embeddings × √hidden and, with per-layer embeddings, the per-layer inputs [B, L, layers, hpl]. */
 export function embedInputs(m: ModelParts, c: ModelConsts, ids: MlxArray, s: Scope, given?: EmbeddedInputs): { h: MlxArray; perLayer: MlxArray | undefined } {
-  const h = given ? given.h : s.t(mx.multiply(s.t(embed(m.embed, ids)), c.hiddenSize ** 0.5));
+  const k = c.scalars;
+  const scaled = (e: MlxArray): MlxArray => s.t(mx.multiply(e, k.like(c.hiddenSize ** 0.5, e)));
+  const h = given ? given.h : scaled(s.t(embed(m.embed, ids)));
   if (!m.ple) return { h, perLayer: undefined };
   const hpl = c.hiddenPerLayer;
   const pe = s.t(embed(m.ple.embed, given ? given.pleIds : ids));
-  const pes = s.t(mx.multiply(pe, hpl ** 0.5));
+  const pes = s.t(mx.multiply(pe, k.like(hpl ** 0.5, pe)));
   const pli = s.t(mx.unflatten(pes, -1, [c.numLayers, hpl]));
   const proj0 = s.t(linear(m.ple.proj, h));
-  const proj1 = s.t(mx.multiply(proj0, c.hiddenSize ** -0.5));
+  const proj1 = s.t(mx.multiply(proj0, k.like(c.hiddenSize ** -0.5, proj0)));
   const proj2 = s.t(mx.unflatten(proj1, -1, [c.numLayers, hpl]));
   const proj3 = s.t(mx.fast.rms_norm(proj2, m.ple.norm, c.eps));
   const sum = s.t(mx.add(proj3, pli));
-  return { h, perLayer: s.t(mx.multiply(sum, 2.0 ** -0.5)) };
+  return { h, perLayer: s.t(mx.multiply(sum, k.like(2.0 ** -0.5, sum))) };
 }
 
 /** The per-layer input of layer i: perLayer[:, :, i, :]. */
@@ -321,7 +326,7 @@ export function layerEnd(lw: LayerWeights, h: MlxArray, ff: MlxArray, perLayer: 
 function router(lw: LayerWeights, x: MlxArray, c: ModelConsts, s: Scope): [MlxArray, MlxArray] {
   const m = lw.moe!;
   const k = c.topK;
-  const sc = s.t(mx.multiply(m.scale, c.hiddenSize ** -0.5));
+  const sc = s.t(mx.multiply(m.scale, c.scalars.like(c.hiddenSize ** -0.5, m.scale)));
   const xn = s.t(mx.fast.rms_norm(x, sc, c.eps));
   const scores = s.t(linear(m.proj, xn));
   const part = s.t(mx.argpartition(scores, -k, -1));

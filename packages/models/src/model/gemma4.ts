@@ -31,6 +31,7 @@ import {
 import { codecFor, type KvMode } from "./kv-mode.ts";
 import { fusedProjections, fuseLinears } from "./fused-linear.ts";
 import { embed, type ModuleWeights, moduleWeights } from "./nn.ts";
+import { Scalars } from "./scalars.ts";
 import { Scope } from "./scope.ts";
 
 /** Extra inputs of a forward pass with media (src/vision builds them; the caller owns the arrays). */
@@ -138,6 +139,7 @@ export class Gemma4Model implements Disposable {
       hiddenPerLayer: t.hiddenSizePerLayerInput,
       softcap: t.finalLogitSoftcapping,
       topK: t.topKExperts ?? 0,
+      scalars: new Scalars(),
     };
     // Last, once every tensor was found: nothing can fail after the fused tensors are made.
     fusedProjections(); // a bad MLX_BUN_FUSED_PROJECTIONS fails the load, not the first step
@@ -194,7 +196,7 @@ export class Gemma4Model implements Disposable {
   /** Embeddings × √hidden of token ids [B, L] (the input scaling of the first layer). */
   embedScaled(ids: MlxArray): MlxArray {
     using e = embed(this.parts.embed, ids);
-    return mx.multiply(e, this.consts.hiddenSize ** 0.5);
+    return mx.multiply(e, this.consts.scalars.like(this.consts.hiddenSize ** 0.5, e));
   }
 
   /** The layers of the forward pass; returns h before the final norm and its final norm (tracked by `s`). */
@@ -264,6 +266,7 @@ export class Gemma4Model implements Disposable {
   dispose(): void {
     for (const a of this.#owned) a.dispose();
     this.#owned = [];
+    this.consts.scalars.dispose();
   }
 
   [Symbol.dispose](): void {
