@@ -26,8 +26,8 @@ export interface BatchCache extends Cache {
   readonly offsets: number[];
   /** Left padding of each row. */
   readonly leftPadding: number[];
-  /** Each row's RoPE position of its next token, int32 [B]; the caller owns it. */
-  positions(): MlxArray;
+  /** Each row's RoPE position of its next token. */
+  positions(): readonly number[];
   /** Declare padding of the next prefill chunk (see PrepareOptions). */
   prepare(opts: PrepareOptions): void;
   /** After a right-padded prefill chunk: move each row's trailing padding to its left. */

@@ -73,13 +73,9 @@ export class BatchRotatingKVCache extends PlaneLayout implements BatchCache {
     return [...this.#offs];
   }
 
-  offsetsArray(): MlxArray {
-    return int32Vector(this.#offs);
-  }
-
-  /** Cache contract: each row's RoPE position of its next token (= its offset), int32 [B]; the caller owns it. */
-  positions(): MlxArray {
-    return this.offsetsArray();
+  /** Cache contract: each row's RoPE position of its next token (= its offset). */
+  positions(): readonly number[] {
+    return this.offsets;
   }
 
   get leftPadding(): number[] {

@@ -63,14 +63,9 @@ export class BatchKVCache extends PlaneLayout implements BatchCache {
     return this.#lp.map((l) => this.#idx - l);
   }
 
-  /** The row offsets as int32 [B] (for per-row RoPE positions); the caller owns it. */
-  offsetsArray(): MlxArray {
-    return int32Vector(this.offsets);
-  }
-
-  /** Cache contract: each row's RoPE position of its next token (= its offset), int32 [B]; the caller owns it. */
-  positions(): MlxArray {
-    return this.offsetsArray();
+  /** Cache contract: each row's RoPE position of its next token (= its offset). */
+  positions(): readonly number[] {
+    return this.offsets;
   }
 
   get leftPadding(): number[] {

@@ -5,7 +5,7 @@ import { checkKv, type KvCodec, plainCodec } from "./codec.ts";
 import { KVCache, makeState } from "./growable.ts";
 import { linearMask } from "./mask.ts";
 import { disposeAll, tokens } from "./planes.ts";
-import { int32Vector, paddedCausalMask } from "./rows.ts";
+import { paddedCausalMask } from "./rows.ts";
 import { type Cache, type CacheState, type KvView, type Mask, fail } from "./types.ts";
 
 /** Padding of a prefill row: left padding (empty row only) and trailing padding of the next chunk. */
@@ -79,9 +79,9 @@ export class PrefillRow implements Cache {
     return this.#inner.offset - this.#lp;
   }
 
-  /** Cache contract: the RoPE position of the next physical token, int32 [1] (= positionOffset); the caller owns it. */
-  positions(): MlxArray {
-    return int32Vector([this.positionOffset]);
+  /** Cache contract: the RoPE position of the next physical token (= positionOffset), as a batch of one. */
+  positions(): readonly number[] {
+    return [this.positionOffset];
   }
 
   /** Valid tokens (padding excluded). */

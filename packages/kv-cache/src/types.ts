@@ -40,11 +40,11 @@ export interface Cache extends Disposable {
   /** Tokens seen (the position of the next token). */
   readonly offset: number;
   /**
-   * Batched caches: the RoPE position of the next token of each row, int32 [B] (rows are
-   * left-padded, so positions differ from `offset`). Single-sequence caches leave it out and
-   * the position is `offset`. The caller owns the array.
+   * Batched caches: the RoPE position of the next token of each row (rows are left-padded, so
+   * positions differ from `offset`); the model makes the int32 [B] array, once a step for every
+   * layer at the same positions. Single-sequence caches leave it out and the position is `offset`.
    */
-  positions?(): MlxArray;
+  positions?(): readonly number[];
   /** Prefixes shorter than this cannot be reused by trimming (an irreversible conversion happened). */
   minimumReusableOffset: number;
   /** Append k/v [B, H, L, D] and return the attention view over everything cached. */

@@ -237,15 +237,16 @@ function queriesKeysValues(
 }
 
 /**
- * The RoPE position of a cache's next token as mlx-lm passes it (mx.array(cache.offset)), or a
- * batch's per-row positions; tracked by `s`. `scalars` keeps one array per offset for the whole
- * forward: a step's single-sequence caches share their offset, so every layer reads one array
- * instead of each making (and uploading) its own. The same value as input: the same bits.
+ * The RoPE position of a cache's next token as mlx-lm passes it: mx.array(cache.offset), or a
+ * batch's per-row positions as int32 [B]; tracked by `s`. `made` keeps one array per value for the
+ * whole forward: a step's caches share their positions, so every layer reads one array instead of
+ * each making (and writing from the host) its own. The same values as input: the same bits.
  */
-function cachePosition(cache: Cache, scalars: Map<number, MlxArray>, s: Scope): MlxArray {
-  if (cache.positions) return s.t(cache.positions());
-  let p = scalars.get(cache.offset);
-  if (!p) scalars.set(cache.offset, (p = s.t(MlxArray.scalar(cache.offset, "int32"))));
+function cachePosition(cache: Cache, made: Map<string, MlxArray>, s: Scope): MlxArray {
+  const rows = cache.positions?.();
+  const key = rows ? `rows:${rows.join(",")}` : `scalar:${cache.offset}`;
+  let p = made.get(key);
+  if (!p) made.set(key, (p = s.t(rows ? MlxArray.fromNumbers([...rows], [rows.length], "int32") : MlxArray.scalar(cache.offset, "int32"))));
   return p;
 }
 
@@ -255,13 +256,13 @@ export function attentionOwn(
   x: Hidden,
   mask: Mask,
   cache: Cache | null,
-  scalars: Map<number, MlxArray>,
+  positions: Map<string, MlxArray>,
   B: number,
   L: number,
   eps: number,
   s: Scope,
 ): { h: Hidden; shared: Shared } {
-  const offset = cache ? cachePosition(cache, scalars, s) : 0;
+  const offset = cache ? cachePosition(cache, positions, s) : 0;
   const [q4, k4, v3] = queriesKeysValues(lw, x.n, offset, B, L, eps, s);
   const view = cache ? cache.updateAndFetch(k4, v3) : plainCodec.view([k4.retain(), v3.retain()], L);
   const shared = { view, offset };

@@ -219,7 +219,7 @@ export class Gemma4Model implements Disposable {
       masks.set(spec.type, layerMask(caches && spec.index < this.firstShared ? caches[spec.index]! : null, N, spec.window, s));
     }
     const shared: (Shared | undefined)[] = new Array(this.specs.length);
-    const scalars = new Map<number, MlxArray>();
+    const positions = new Map<string, MlxArray>();
     const layers = this.parts.layers;
     let x = firstHidden(embedded, layers, c.eps, s);
     try {
@@ -228,7 +228,7 @@ export class Gemma4Model implements Disposable {
         const mask = masks.get(spec.type)!;
         let a: Hidden;
         if (spec.hasKv) {
-          const r = attentionOwn(lw, x, mask, caches ? caches[spec.index]! : null, scalars, B, N, c.eps, s);
+          const r = attentionOwn(lw, x, mask, caches ? caches[spec.index]! : null, positions, B, N, c.eps, s);
           a = r.h;
           shared[spec.index] = r.shared;
         } else a = attentionShared(lw, x, mask, shared[spec.kvSource], B, N, c.eps, s);
