@@ -11,6 +11,7 @@ R calls run in one evaluation (what a decode step's graph does). Each output is 
 with MLX's (max |diff| relative to max |ref|).
 "exact" rows: mlxb_qmv_exact (packages/mlx-ops/src/kernels/qmv-exact.ts), MLX's own arithmetic
 with wider loads, where MLX's qmv runs (M·B < 8 rows, 4- or 8-bit, group size < K); its rel err must be 0.
+"exact staged" rows: the same kernel's staged launch (x in shared memory, RPW rows of w a warp).
 --sweep: M = 1 over every (RPW, SPLIT) for the 12B shapes, to check the heuristic.
 --ncu: the same calls once each, for `ncu --kernel-name regex:qmv` (kernel time and DRAM bytes
 per launch, L2 flushed before each); prints the launch order as `NCU-ORDER i label`.
@@ -29,6 +30,8 @@ SHAPES_12B = [("12B gate/up", 15360, 3840), ("12B down", 3840, 15360), ("12B q",
               ("12B o", 3840, 4096), ("12B q full", 8192, 3840), ("12B o full", 3840, 8192), ("12B lm_head", 262144, 3840)]
 # Shapes whose exact rows are also timed with 2 and 8 chunks in flight (qmv-exact.ts, QMV_EXACT_CHUNKS).
 CHUNK_SWEEP = ("12B gate/up", "12B down", "12B q", "12B lm_head", "1B gate/up wide", "1B lm_head")
+# More shapes whose one-row product is also timed through the staged launch (qmv-exact.ts, MLX_BUN_QMV_STAGED).
+STAGED_TOO = ("12B q full", "12B o", "12B k/v", "1B gate/up", "1B down", "1B q")
 SHAPES_1B = [("1B gate/up", 6144, 1536), ("1B down", 1536, 6144), ("1B gate/up wide", 12288, 1536), ("1B down wide", 1536, 12288),
              ("1B q", 2048, 1536), ("1B k/v", 256, 1536), ("1B o", 1536, 2048), ("1B lm_head", 262144, 1536)]
 
@@ -81,6 +84,11 @@ def main():
         return kern_exact(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype],
                           **qmv_exact_launch(x.size // k, n, k, gs, bits, chunks))[0]
 
+    def exact_staged(x, q, bits, gs, chunks=4):
+        n, k = q[0].shape[0], x.shape[-1]
+        return kern_exact(inputs=[x, *q], output_shapes=[(*x.shape[:-1], n)], output_dtypes=[x.dtype],
+                          **qmv_exact_launch(x.size // k, n, k, gs, bits, chunks, staged=True))[0]
+
     def theirs(x, q, bits, gs, cfg=None):
         return mx.quantized_matmul(x, *q, transpose=True, group_size=gs, bits=bits)
 
@@ -121,6 +129,8 @@ def main():
             impls.append(("exact", exact, None))
             if m == 1 and bits == 4 and label in CHUNK_SWEEP:  # loads in flight: the default 4 chunks against 2 and 8
                 impls += [(f"exact CH{c}", exact, c) for c in (2, 8)]
+            if m == 1 and (label in CHUNK_SWEEP or label in STAGED_TOO):  # the staged launch (x in shared memory, RPW rows a warp)
+                impls += [("exact staged", exact_staged, 4), ("exact staged CH8", exact_staged, 8)]
         if cfgs:
             impls = [i for i in impls[1:] if i[0] != "exact"]  # the sweep: ours only (mlx is in the plain row)
         ref = theirs(x, qs[0], bits, gs)

@@ -518,30 +518,52 @@ def mlx_cuda_qmv_model(x, wq, scales, biases, gs, bits=4):
     return mx.array(out).astype(mx.bfloat16)  # float32 → bf16: MLX rounds to nearest even
 
 
-# (x leading shape, N, K, group, bits): one and several chunks, residues of K, ragged N, 1-9 rows.
+# (x leading shape, N, K, group, bits[, chunks[, rows of w a warp: the staged launch; 0 = the launch's rule]]):
+# one and several chunks, residues of K, ragged N, 1-9 rows.
 QMV_EXACT_SHAPES = [((1,), 100, 512, 64, 4), ((1, 1), 37, 1024, 32, 4), ((1,), 19, 3840, 128, 4), ((2,), 24, 640, 64, 4),
                     ((1,), 41, 2304, 32, 4), ((1,), 16, 4096, 64, 4), ((1,), 9, 256, 128, 4), ((7, 1), 20, 1024, 64, 4),
                     ((9,), 12, 512, 64, 4),
                     ((1,), 100, 256, 64, 8), ((1, 1), 37, 1536, 32, 8), ((1,), 19, 3840, 128, 8), ((3,), 24, 640, 64, 8),
                     ((1,), 41, 2336, 32, 8), ((5, 1), 20, 1024, 64, 8), ((9,), 12, 320, 64, 8),
                     # other chunk counts in flight (a 6th field; 4 otherwise): the same bits whatever it is
-                    ((1,), 19, 3840, 128, 4, 8), ((2,), 24, 640, 64, 4, 1), ((1,), 41, 2336, 32, 8, 3)]
+                    ((1,), 19, 3840, 128, 4, 8), ((2,), 24, 640, 64, 4, 1), ((1,), 41, 2336, 32, 8, 3),
+                    # the staged launch (a 7th field: rows of w a warp), across rows, ragged N and residues of K
+                    ((1,), 100, 512, 64, 4, 4, 4), ((1, 1), 37, 1024, 32, 4, 3, 2), ((1,), 19, 3840, 128, 4, 4, 2),
+                    ((1,), 41, 2304, 32, 4, 8, 8), ((3,), 24, 640, 64, 4, 4, 1), ((1,), 100, 256, 64, 8, 4, 4),
+                    ((1,), 41, 2336, 32, 8, 2, 2), ((9,), 12, 320, 64, 8, 4, 2)]
 
 
-def qmv_exact_launch(m, n, k, gs, bits=4, chunks=4):
+def qmv_exact_stage(r, n, k, staged, rpw=None):
+    """qmv-exact.ts's qmv_exact_stage: (XS, RPW). Staged: one row of x a block kept in shared memory, RPW rows
+    of w a warp (the fewest powers of two up to 8 that bring the grid to ~512 blocks), unless `rpw` is given."""
+    if not staged or r != 1 or k * 2 > 40 * 1024:
+        return 0, 1
+    if rpw is None:
+        rpw = 1
+        while rpw < 8 and -(-n // (8 * rpw)) > 512:
+            rpw *= 2
+    return 1, rpw
+
+
+def qmv_exact_launch(m, n, k, gs, bits=4, chunks=4, staged=False, rpw=None):
     """qmv-exact.ts's launch: one warp a row of w, 8 a block; up to 7 rows of x a block, else one a grid row;
-    `chunks` chunks' loads in flight (QMV_EXACT_CHUNKS)."""
+    `chunks` chunks' loads in flight (QMV_EXACT_CHUNKS); `staged`: the staged launch (qmv_exact_stage)."""
     r = m if m <= 7 else 1
-    return dict(grid=(-(-n // 8) * 256, m // r, 1), threadgroup=(256, 1, 1),
-                template=[("K", k), ("GS", gs), ("R", r), ("BITS", bits), ("CH", chunks)])
+    xs, rpw = qmv_exact_stage(r, n, k, staged, rpw)
+    return dict(grid=(-(-n // (8 * rpw)) * 256, m // r, 1), threadgroup=(256, 1, 1),
+                template=[("K", k), ("GS", gs), ("R", r), ("BITS", bits), ("CH", chunks), ("XS", xs), ("RPW", rpw)])
 
 
 def qmv_exact_cases(shapes=QMV_EXACT_SHAPES, seed=100):
-    for i, (lead, n, k, gs, bits, *ch) in enumerate(shapes):
+    for i, (lead, n, k, gs, bits, *rest) in enumerate(shapes):
+        ch = rest[0] if rest else 4
+        staged = len(rest) > 1
         x, wq, scales, biases = qmv_inputs(lead, n, k, bits, gs, mx.bfloat16, seed + i)
         launch = dict(inputs=[x, wq, scales, biases], output_shapes=[(*lead, n)], output_dtypes=[mx.bfloat16],
-                      **qmv_exact_launch(math.prod(lead), n, k, gs, bits, *ch))
-        yield f"x{lead} N{n} K{k} {bits}-bit g{gs}" + (f" CH{ch[0]}" if ch else ""), launch, (x, wq, scales, biases, gs, bits)
+                      **qmv_exact_launch(math.prod(lead), n, k, gs, bits, ch, staged=staged, rpw=rest[1] or None if staged else None))
+        t = dict(launch["template"])
+        yield (f"x{lead} N{n} K{k} {bits}-bit g{gs}" + (f" CH{ch}" if rest else "") + (f" staged RPW{t['RPW']}" if t["XS"] else "")
+               + (" (staging declined: several rows of x)" if staged and not t["XS"] else "")), launch, (x, wq, scales, biases, gs, bits)
 
 
 # GPU only (too large to emulate), against MLX's op: MLX 0.32.4 takes qmm_sm90 only where group_size ≥ K
@@ -551,7 +573,10 @@ QMV_EXACT_GPU_SHAPES = [((1, 1), 262144, 3840, 64, 4), ((1, 1), 262144, 1536, 64
                         ((1, 1), 262144, 3840, 64, 4, 8), ((1, 1), 3840, 15360, 64, 4, 8), ((3, 1), 15360, 3840, 64, 4, 2),
                         ((2, 1), 262144, 1536, 64, 4), ((4, 1), 15360, 3840, 64, 4),
                         ((1, 1), 4096, 3840, 64, 8), ((1, 1), 15360, 3840, 64, 8), ((1, 1), 3840, 15360, 64, 8),
-                        ((3, 1), 2048, 1536, 32, 8), ((1, 1), 262144, 1536, 64, 8), ((7, 1), 1536, 6144, 128, 8)]
+                        ((3, 1), 2048, 1536, 32, 8), ((1, 1), 262144, 1536, 64, 8), ((7, 1), 1536, 6144, 128, 8),
+                        # the staged launch at the bench models' shapes (RPW by the launch's rule: a 7th field of 0)
+                        ((1, 1), 30720, 3840, 64, 4, 4, 0), ((1, 1), 3840, 15360, 64, 4, 4, 0), ((1, 1), 262144, 3840, 64, 4, 8, 0),
+                        ((1, 1), 8192, 3840, 64, 4, 4, 0), ((1, 1), 12288, 1536, 64, 4, 4, 0), ((1, 1), 15360, 3840, 64, 8, 4, 0)]
 
 
 def mlx_op_reference(x, wq, scales, biases, gs, bits):

@@ -43,15 +43,23 @@ VARIANTS = [
     ("mlxb_qmv", dict(BITS=4, GS=64, K=3840, N=15360, MB=4, RPW=4, SPLIT=4)),
     # MLX's own arithmetic with wider loads (qmv-exact.ts): the 12B's up and down projections, one
     # row and seven, 4-bit and 8-bit, 4 chunks in flight (the default), and 2 and 8 at one row.
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=4)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=4, CH=4)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8, CH=4)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=8, CH=4)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=8, CH=4)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=2)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=8)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=8)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=0, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=4, XS=0, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=4, CH=4, XS=0, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8, CH=4, XS=0, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=8, CH=4, XS=0, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=8, CH=4, XS=0, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=2, XS=0, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=8, XS=0, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=8, XS=0, RPW=1)),
+    # The staged launch (x in shared memory, RPW rows a warp, loads issued across rows): the 12B's
+    # gate/up stack (RPW 8), down (1), q/k/v (2) and lm_head (8), 4 and 8 chunks.
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=1, RPW=8)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=8, XS=1, RPW=8)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=4, XS=1, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=8, XS=1, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=1, RPW=2)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8, CH=4, XS=1, RPW=4)),
 ]
 TYPES = {"kw": "uint32_t", "vw": "uint32_t", "w": "uint32_t", "vc": "uint8_t", "centroids": "float", "mask": "bool"}
 OUT_TYPES = {"out": "T"}
@@ -105,6 +113,9 @@ extern "C" __global__ void kernel({", ".join(params)}) {{
         r = subprocess.run([os.path.join(NV, "cuda_nvcc", "bin", "ptxas"), "-arch=sm_90", "-v", os.path.join(d, "k.ptx"), "-o",
                             os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True)
     line = next(l for l in r.stderr.splitlines() if "registers" in l)
+    spills = next((l.strip() for l in r.stderr.splitlines() if "spill" in l), "")
+    if "0 bytes spill stores" not in spills or not spills.startswith("0 bytes stack"):
+        print(f"  ptxas: {spills}")  # local memory: the register arrays did not stay in registers
     return int(line.split("Used ")[1].split(" registers")[0])
 
 

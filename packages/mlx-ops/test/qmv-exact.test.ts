@@ -11,7 +11,7 @@ import { type MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { oraclePython } from "../../../tools/oracle/oracle.ts";
 import { astype } from "../src/elementwise.ts";
 import { gpu_backend } from "../src/kernels/kernel.ts";
-import { qmv_exact, qmv_exact_kernel } from "../src/kernels/qmv-exact.ts";
+import { qmv_exact, qmv_exact_kernel, qmv_exact_stage, set_qmv_exact_staged } from "../src/kernels/qmv-exact.ts";
 import { quantized_matmul } from "../src/quantized.ts";
 import { expectExact, quantizedInputs, randn } from "./seeded-inputs.ts";
 
@@ -26,7 +26,7 @@ describe("mlxb_qmv_exact", () => {
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
   test.runIf(process.platform === "linux")(
-    "the CUDA body, emulated, equals the model of MLX's CUDA arithmetic bit for bit (4-bit and 8-bit, 1-8 chunks in flight)",
+    "the CUDA body, emulated, equals the model of MLX's CUDA arithmetic bit for bit (4-bit and 8-bit, 1-8 chunks in flight, staged)",
     () => {
       const sources = join(dir, "kernel-sources.json");
       const exp = Bun.spawnSync([process.execPath, join(ROOT, "tools/kernels/export-sources.ts"), sources], { cwd: ROOT, stderr: "pipe" });
@@ -41,12 +41,41 @@ describe("mlxb_qmv_exact", () => {
       const stderr = r.stderr.toString().slice(-2000);
       expect({ code: r.exitCode, bad, stderr }).toEqual({ code: 0, bad: [], stderr });
       expect(out).toMatch(/MLX CUDA model\): max \|diff\| 0, outside tolerance 0/);
-      expect(out).toMatch(/RESULT PASS \(38 comparisons\)/);
+      expect(out).toMatch(/RESULT PASS \(54 comparisons\)/);
       // The chunks in flight (template CH) move loads only: those cases must be bit-equal too.
       expect(out).toMatch(/N41 K2336 8-bit g32 CH3 \(MLX CUDA model\): max \|diff\| 0, outside tolerance 0/);
+      // So does the staged launch (x in shared memory, several rows of w a warp, loads across rows).
+      expect(out).toMatch(/N41 K2304 4-bit g32 CH8 staged RPW8 \(MLX CUDA model\): max \|diff\| 0, outside tolerance 0/);
+      expect(out).toMatch(/N12 K320 8-bit g64 CH4 staged RPW2 \(MLX CUDA model\): max \|diff\| 0, outside tolerance 0/);
     },
     300_000,
   );
+
+  test("the staged launch's plan: one row of x that fits shared memory, rows a warp toward one wave of blocks", () => {
+    expect(qmv_exact_stage(1, 15360, 3840, true)).toEqual({ xs: 1, rpw: 4 }); // 1,920 blocks of 8 rows → 480
+    expect(qmv_exact_stage(1, 30720, 3840, true)).toEqual({ xs: 1, rpw: 8 });
+    expect(qmv_exact_stage(1, 262144, 3840, true)).toEqual({ xs: 1, rpw: 8 }); // at most 8 rows a warp
+    expect(qmv_exact_stage(1, 4096, 3840, true)).toEqual({ xs: 1, rpw: 1 }); // 512 blocks already
+    expect(qmv_exact_stage(1, 3840, 15360, true)).toEqual({ xs: 1, rpw: 1 }); // x: 30 KB
+    expect(qmv_exact_stage(1, 3840, 21504, true)).toEqual({ xs: 0, rpw: 1 }); // x: 42 KB, past 40 KB
+    expect(qmv_exact_stage(3, 15360, 3840, true)).toEqual({ xs: 0, rpw: 1 }); // several rows of x a block
+    expect(qmv_exact_stage(1, 15360, 3840, false)).toEqual({ xs: 0, rpw: 1 });
+    const saved = process.env.MLX_BUN_QMV_STAGED;
+    try {
+      set_qmv_exact_staged(undefined);
+      process.env.MLX_BUN_QMV_STAGED = "sometimes";
+      expect(() => qmv_exact_stage(1, 15360, 3840)).toThrow("MLX_BUN_QMV_STAGED=sometimes: expected 0, 1, on or off");
+      set_qmv_exact_staged(undefined);
+      process.env.MLX_BUN_QMV_STAGED = "1";
+      expect(qmv_exact_stage(1, 15360, 3840)).toEqual({ xs: 1, rpw: 4 });
+      set_qmv_exact_staged(false);
+      expect(qmv_exact_stage(1, 15360, 3840)).toEqual({ xs: 0, rpw: 1 });
+    } finally {
+      if (saved === undefined) delete process.env.MLX_BUN_QMV_STAGED;
+      else process.env.MLX_BUN_QMV_STAGED = saved;
+      set_qmv_exact_staged(undefined);
+    }
+  });
 
   test("bad inputs are refused before any path runs, naming the kernel and what is wrong", () => {
     const xs = inputs([1], 16, 256, 64, 3);
@@ -96,11 +125,16 @@ describe("mlxb_qmv_exact", () => {
         const xs = inputs([rows, 1], n, k, gs, n + k + rows, bits);
         try {
           const [x, w, s, b] = xs;
-          const [o] = qmv_exact_kernel.run(xs, { stream: gpu, path: "cuda" });
-          using out = o!;
           using ref = quantized_matmul(x!, w!, s!, b!, { group_size: gs, bits, transpose: true, stream: gpu });
-          expectExact(out, ref, `mlxb_qmv_exact ${rows} rows N${n} K${k} ${bits}-bit g${gs}`);
+          // Both launches (the staged one takes one row of x); run, not runKeyed: each call launches afresh.
+          for (const staged of [false, true]) {
+            set_qmv_exact_staged(staged);
+            const [o] = qmv_exact_kernel.run(xs, { stream: gpu, path: "cuda" });
+            using out = o!;
+            expectExact(out, ref, `mlxb_qmv_exact ${rows} rows N${n} K${k} ${bits}-bit g${gs}${staged ? " staged" : ""}`);
+          }
         } finally {
+          set_qmv_exact_staged(undefined);
           dispose(xs);
         }
       }

@@ -3,7 +3,7 @@
 // tok/s of mlx-bun exact, mlx-bun fast and mlx-lm (tools/bench/mlx_lm_bench.py in a Python twin),
 // the order rotated every repetition; min / median / max.
 //   .native/bin/bun tools/bench/device/qmv-decode.ts --model DIR [--python PY] [--reps 5]
-//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|dense-attn]
+//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|dense-attn|staged|next]
 // "exact": mx.quantized_matmul everywhere (MLX_BUN_FAST_QMV=0); "fast": the qmv kernel for every
 // quantized linear with at most 16 rows of x (decode), MLX's op for prefill.
 // --ab fused compares instead fused projections off ("exact") and on ("fast", the default path:
@@ -16,6 +16,8 @@
 // settings. Expected KL 0 (the last side against the first). --ab dense-attn: the default against the
 // default with the plain caches' split-K decode attention kernel (MLX_BUN_DENSE_DECODE=kernel: two
 // launches a layer instead of MLX's three, float32 throughout; not MLX's bits, so the KL is the test).
+// --ab staged: the default against the exact matvec's staged launch (MLX_BUN_QMV_STAGED: expected KL 0);
+// --ab next: the default, each of those two alone, both. The KL compares every side with the first.
 import { writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import { defaultDevice, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
@@ -47,6 +49,8 @@ interface Side {
   fused?: true;
   /** The plain caches' decode attention; unset: MLX_BUN_DENSE_DECODE (default MLX's SDPA). */
   attn?: "kernel";
+  /** The exact matvec's staged launch; unset: MLX_BUN_QMV_STAGED (default off). */
+  staged?: true;
 }
 /** Each --ab: its sides, the reference first; the KL compares the last side with the first. */
 const AB_MODES: Record<string, Side[]> = {
@@ -69,6 +73,18 @@ const AB_MODES: Record<string, Side[]> = {
     { label: "mlx-bun default", qmv: "auto", norms: "auto" },
     { label: "mlx-bun default + attention kernel", qmv: "auto", norms: "auto", attn: "kernel" },
   ],
+  // The default, then with the exact matvec's staged launch (expected KL 0).
+  staged: [
+    { label: "mlx-bun default", qmv: "auto", norms: "auto" },
+    { label: "mlx-bun default + staged matvec", qmv: "auto", norms: "auto", staged: true },
+  ],
+  // The candidates for the next default, each alone and together, against the default.
+  next: [
+    { label: "mlx-bun default", qmv: "auto", norms: "auto" },
+    { label: "mlx-bun default + staged matvec", qmv: "auto", norms: "auto", staged: true },
+    { label: "mlx-bun default + attention kernel", qmv: "auto", norms: "auto", attn: "kernel" },
+    { label: "mlx-bun default + both", qmv: "auto", norms: "auto", staged: true, attn: "kernel" },
+  ],
 };
 const SIDES = AB_MODES[AB];
 if (!SIDES) throw new Error(`--ab must be one of ${Object.keys(AB_MODES).join(", ")}, got ${AB}`);
@@ -90,6 +106,7 @@ const use = (side: Side) => {
   mx.kernels.set_exact_norms(side.norms ?? "off");
   if (AB === "fused") setFusedProjections(side.fused ? "on" : "off");
   setDenseDecode(side.attn);
+  mx.kernels.set_qmv_exact_staged(side.staged);
 };
 const result: Record<string, unknown> = { model, ab: AB, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };
 const save = () => JSON_OUT && writeFileSync(JSON_OUT, JSON.stringify(result, null, 1));
@@ -129,38 +146,45 @@ function run(side: Side, feed?: number[]): { tokens: number[]; logprobs: MlxArra
 {
   log(`KL: ${KL_STEPS} teacher-forced decode steps`);
   const ex = run(REF);
-  const fa = run(TOP, ex.tokens);
-  const kl: number[] = [];
-  let argmaxSame = 0;
-  let maxDiff = 0;
-  for (let i = 0; i < ex.logprobs.length; i++) {
-    const e = ex.logprobs[i]!;
-    const f = fa.logprobs[i]!;
-    using pe = mx.exp(e);
-    using d = mx.subtract(e, f);
-    using w = mx.multiply(pe, d);
-    using s = mx.sum(w);
-    kl.push(s.item() as number);
-    using ad = mx.abs(d);
-    using md = mx.max(ad);
-    maxDiff = Math.max(maxDiff, md.item() as number);
-    if (ex.tokens[i + 1] === fa.tokens[i + 1]) argmaxSame++;
-    e.dispose();
-    f.dispose();
+  // Each other side teacher-forced on the reference's tokens; `kl` is the last side's (as before),
+  // `kl_by_side` every side's.
+  const bySide: Record<string, unknown> = {};
+  for (const side of SIDES.slice(1)) {
+    const fa = run(side, ex.tokens);
+    const kl: number[] = [];
+    let argmaxSame = 0;
+    let maxDiff = 0;
+    for (let i = 0; i < ex.logprobs.length; i++) {
+      const e = ex.logprobs[i]!;
+      const f = fa.logprobs[i]!;
+      using pe = mx.exp(e);
+      using d = mx.subtract(e, f);
+      using w = mx.multiply(pe, d);
+      using s = mx.sum(w);
+      kl.push(s.item() as number);
+      using ad = mx.abs(d);
+      using md = mx.max(ad);
+      maxDiff = Math.max(maxDiff, md.item() as number);
+      if (ex.tokens[i + 1] === fa.tokens[i + 1]) argmaxSame++;
+      f.dispose();
+    }
+    const sorted = [...kl].sort((a, b) => a - b);
+    bySide[side.label] = {
+      steps: kl.length,
+      max: sorted.at(-1),
+      median: sorted[sorted.length >> 1],
+      mean: kl.reduce((a, b) => a + b, 0) / kl.length,
+      greedy_same: `${argmaxSame}/${kl.length}`,
+      max_abs_logprob_diff: maxDiff,
+      per_step: kl,
+    };
+    log(
+      `KL per token, ${side.label}: max ${sorted.at(-1)!.toExponential(2)}, median ${sorted[sorted.length >> 1]!.toExponential(2)}; greedy ${argmaxSame}/${kl.length}; max |Δ logprob| ${maxDiff}`,
+    );
   }
-  const sorted = [...kl].sort((a, b) => a - b);
-  result.kl = {
-    steps: kl.length,
-    max: sorted.at(-1),
-    median: sorted[sorted.length >> 1],
-    mean: kl.reduce((a, b) => a + b, 0) / kl.length,
-    greedy_same: `${argmaxSame}/${kl.length}`,
-    max_abs_logprob_diff: maxDiff,
-    per_step: kl,
-  };
-  log(
-    `KL per token: max ${sorted.at(-1)!.toExponential(2)}, median ${sorted[sorted.length >> 1]!.toExponential(2)}; greedy ${argmaxSame}/${kl.length}; max |Δ logprob| ${maxDiff}`,
-  );
+  for (const e of ex.logprobs) e.dispose();
+  result.kl = bySide[TOP.label];
+  result.kl_by_side = bySide;
   save();
 }
 
@@ -215,7 +239,8 @@ for (const n of names) {
   const m = mmm(tps[n]!);
   console.log(`| ${n} | ${m.min.toFixed(1)} / ${m.median.toFixed(1)} / ${m.max.toFixed(1)} |`);
 }
-console.log(JSON.stringify({ kl: { ...(result.kl as object), per_step: undefined }, greedy_first_32: result.greedy_first_32 }));
+const klSummary = Object.fromEntries(Object.entries(result.kl_by_side as Record<string, object>).map(([k, v]) => [k, { ...v, per_step: undefined }]));
+console.log(JSON.stringify({ kl: klSummary, greedy_first_32: result.greedy_first_32 }));
 if (twin) await twin.close();
 mx.kernels.set_fast_qmv(undefined);
 setFusedProjections(undefined);

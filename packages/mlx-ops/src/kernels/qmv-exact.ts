@@ -30,6 +30,49 @@ const ROWS = 8;
 export const QMV_EXACT_CHUNKS = 4;
 /** Rows of x a block takes against one load of the weights (MLX runs its qmv below 8 rows). */
 const EXACT_BLOCK_ROWS = 7;
+/** Largest row of x (bytes) the staged launch keeps in shared memory (48 KB of static shared memory a block). */
+export const QMV_EXACT_STAGE_MAX_BYTES = 40 * 1024;
+/** Blocks a staged launch aims at: about one wave of 8-warp blocks on an H100/H200 (132 SMs, ~4 blocks each). */
+const STAGE_TARGET_BLOCKS = 512;
+/** Most rows of w a staged warp takes. */
+const STAGE_MAX_RPW = 8;
+
+let stagedSetting: boolean | undefined;
+let stagedEnv: boolean | undefined;
+
+/**
+ * Whether one-row calls take the staged launch (x in shared memory, RPW rows of w a warp, the next
+ * loads issued across rows): MLX_BUN_QMV_STAGED=1|0, off by default until timed on a GPU. The bits
+ * are the same either way. `undefined` goes back to the environment variable.
+ */
+export function set_qmv_exact_staged(on: boolean | undefined): void {
+  stagedSetting = on;
+  stagedEnv = undefined;
+}
+
+/** Whether the staged launch is on (the setting, else MLX_BUN_QMV_STAGED read once). */
+export function qmv_exact_staged(): boolean {
+  if (stagedSetting !== undefined) return stagedSetting;
+  if (stagedEnv === undefined) {
+    const v = process.env.MLX_BUN_QMV_STAGED;
+    if (v === undefined || v === "" || v === "0" || v === "off") stagedEnv = false;
+    else if (v === "1" || v === "on") stagedEnv = true;
+    else throw new Error(`MLX_BUN_QMV_STAGED=${v}: expected 0, 1, on or off`);
+  }
+  return stagedEnv;
+}
+
+/**
+ * The staged launch's shape for R rows of x a block against N rows of w of K values: XS 1 and the
+ * rows a warp takes (the fewest, a power of two up to STAGE_MAX_RPW, that bring the grid to about
+ * one wave), or XS 0 (one row a warp, x from global memory) where it does not apply.
+ */
+export function qmv_exact_stage(R: number, N: number, K: number, on: boolean = qmv_exact_staged()): { xs: 0 | 1; rpw: number } {
+  if (!on || R !== 1 || K * 2 > QMV_EXACT_STAGE_MAX_BYTES) return { xs: 0, rpw: 1 };
+  let rpw = 1;
+  while (rpw < STAGE_MAX_RPW && Math.ceil(N / (ROWS * rpw)) > STAGE_TARGET_BLOCKS) rpw *= 2;
+  return { xs: 1, rpw };
+}
 
 const HEADER_CUDA = `
 // The accumulator type: bf16 pairs for 4-bit, float for 8-bit (as MLX's qmv).
@@ -93,9 +136,90 @@ __device__ __forceinline__ void mlxb_qmvx_accumulate(uint4 xa, uint4, const __nv
 const CUDA = `
   constexpr int E = BITS == 4 ? 16 : 8;
   constexpr int CW = 32 * E;
+  constexpr int NC = (K + CW - 1) / CW;
   const int lane = (int)(threadIdx.x & 31u);
-  const int row = (int)blockIdx.x * ${ROWS} + (int)(threadIdx.x >> 5);
   const int n = w_shape[0];
+  if constexpr (XS) {
+    // Staged (one row of x, R = 1): the block copies x to shared memory once, and each warp takes
+    // RPW rows of w, row i being (blockIdx.x · RPW + i) · ${ROWS} + warp. Its (row, chunk) pairs
+    // run in order, CH at a time, the next CH's weight loads issued before the current CH is
+    // used, across rows too, so the loads never drain between rows. Each row's arithmetic is the
+    // unstaged path's: the same chunks in the same order into the same accumulators.
+    __shared__ uint4 xs4[XS ? K / 8 : 1];  // uint4: 16-byte aligned rows of 8 values
+    const __nv_bfloat16* xsm = reinterpret_cast<const __nv_bfloat16*>(xs4);
+    const int warp = (int)(threadIdx.x >> 5);
+    constexpr int NS = RPW * NC;
+    constexpr int NG = (NS + CH - 1) / CH;
+    const int rowBase = (int)blockIdx.x * RPW * ${ROWS} + warp;
+    const uint8_t* w8 = reinterpret_cast<const uint8_t*>(w);
+    uint2 wq[2][CH];
+    __nv_bfloat16 sv[2][CH], bv[2][CH];
+#pragma unroll
+    for (int u = 0; u < CH; ++u) {
+      const int sl = u;
+      const int rw = rowBase + (sl / NC) * ${ROWS};
+      const int idx = (sl % NC) * CW + lane * E;
+      if (sl < NS && rw < n && idx < K) {
+        wq[0][u] = *reinterpret_cast<const uint2*>(w8 + (size_t)rw * (K * BITS / 8) + idx * BITS / 8);
+        sv[0][u] = scales[(size_t)rw * (K / GS) + idx / GS];
+        bv[0][u] = biases[(size_t)rw * (K / GS) + idx / GS];
+      }
+    }
+    {
+      const uint4* xg = reinterpret_cast<const uint4*>(x + (size_t)blockIdx.y * K);
+      for (int i = (int)threadIdx.x; i < K / 8; i += (int)blockDim.x) xs4[i] = xg[i];
+    }
+    __syncthreads();
+    typename mlxb_qmvx_acc<BITS>::type acc[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mlxb_qmvx_zero(acc[j]);
+#pragma unroll
+    for (int g = 0; g < NG; ++g) {
+      const int cur = g & 1;
+      if (g + 1 < NG) {
+#pragma unroll
+        for (int u = 0; u < CH; ++u) {
+          const int sl = (g + 1) * CH + u;
+          const int rw = rowBase + (sl / NC) * ${ROWS};
+          const int idx = (sl % NC) * CW + lane * E;
+          if (sl < NS && rw < n && idx < K) {
+            wq[cur ^ 1][u] = *reinterpret_cast<const uint2*>(w8 + (size_t)rw * (K * BITS / 8) + idx * BITS / 8);
+            sv[cur ^ 1][u] = scales[(size_t)rw * (K / GS) + idx / GS];
+            bv[cur ^ 1][u] = biases[(size_t)rw * (K / GS) + idx / GS];
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < CH; ++u) {
+        const int sl = g * CH + u;
+        if (sl < NS) {
+          const int rw = rowBase + (sl / NC) * ${ROWS};
+          const int idx = (sl % NC) * CW + lane * E;
+          if (rw < n && idx < K) {
+            __nv_bfloat162 w2[8];
+            if constexpr (BITS == 4) mlxb_qmvx_weights4(wq[cur][u], sv[cur][u], bv[cur][u], w2);
+            else mlxb_qmvx_weights8(wq[cur][u], sv[cur][u], bv[cur][u], w2);
+            const uint4 xa = *reinterpret_cast<const uint4*>(xsm + idx);
+            const uint4 xb = BITS == 4 ? *reinterpret_cast<const uint4*>(xsm + idx + 8) : uint4{0u, 0u, 0u, 0u};
+            mlxb_qmvx_accumulate(xa, xb, w2, acc);
+          }
+          if (sl % NC == NC - 1) {
+            // The row's last chunk: the unstaged path's sum and butterfly, then fresh accumulators.
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum = mlxb_qmvx_add(sum, acc[j]);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            if (lane == 0 && rw < n) out[(size_t)blockIdx.y * n + rw] = __float2bfloat16_rn(sum);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) mlxb_qmvx_zero(acc[j]);
+          }
+        }
+      }
+    }
+    return;
+  }
+  const int row = (int)blockIdx.x * ${ROWS} + (int)(threadIdx.x >> 5);
   if (row >= n) return;
   // R rows of x a block (grid y: the groups of R), each against the same weights, loaded once.
   const __nv_bfloat16* xr = x + (size_t)blockIdx.y * R * K;
@@ -109,7 +233,6 @@ const CUDA = `
     for (int j = 0; j < 8; ++j) mlxb_qmvx_zero(acc[r][j]);
   // Chunks of CW values in order; the last is partial where K % CW ≠ 0 (MLX's residue: the
   // lanes whose E values start below K take it).
-  constexpr int NC = (K + CW - 1) / CW;
 #pragma unroll
   for (int r0 = 0; r0 < NC; r0 += CH) {
     uint2 wq[CH];
@@ -207,10 +330,11 @@ export const qmv_exact_kernel = custom_kernel({
     const { M, N, K, group_size, bits } = shapeOf(inputs) as Shape;
     // Up to EXACT_BLOCK_ROWS rows of x in one block (the weights read once), else one a grid row.
     const R = M <= EXACT_BLOCK_ROWS ? M : 1;
+    const { xs, rpw } = qmv_exact_stage(R, N, K);
     return {
       output_shapes: [[...x.shape.slice(0, -1), N]],
       output_dtypes: ["bfloat16"],
-      grid: [Math.ceil(N / ROWS) * ROWS * 32, M / R, 1],
+      grid: [Math.ceil(N / (ROWS * rpw)) * ROWS * 32, M / R, 1],
       threadgroup: [ROWS * 32, 1, 1],
       template: [
         ["K", K],
@@ -218,6 +342,8 @@ export const qmv_exact_kernel = custom_kernel({
         ["R", R],
         ["BITS", bits],
         ["CH", QMV_EXACT_CHUNKS],
+        ["XS", xs],
+        ["RPW", rpw],
       ],
     };
   },

@@ -22,7 +22,7 @@ import { quantized_matmul, type QuantMode } from "../quantized.ts";
 import { reshape } from "../shape.ts";
 import { on_exact_arch } from "./cuda-arch.ts";
 import { custom_kernel, inputsKey, type KernelRunOptions, kernel_environment, select_kernel_path } from "./kernel.ts";
-import { qmv_exact_kernel } from "./qmv-exact.ts";
+import { qmv_exact_kernel, qmv_exact_staged } from "./qmv-exact.ts";
 
 /** Bit widths and group sizes the kernel reads. */
 export const QMV_BITS: readonly number[] = [4, 8];
@@ -499,6 +499,11 @@ function resolve(): Resolved {
   return resolved;
 }
 
+/** The exact kernel's launch class: the inputs' shapes and whether the staged launch is on (a setting an A/B changes mid-process). */
+function exactKey(inputs: readonly MlxArray[]): string {
+  return qmv_exact_staged() ? `${inputsKey(inputs)}|staged` : inputsKey(inputs);
+}
+
 /** Whether `quantized_linear` takes the kernel in this process (for calls it fits). */
 export function fast_qmv_enabled(): boolean {
   const r = resolve();
@@ -545,7 +550,7 @@ function kernelLinear(x: MlxArray, w: MlxArray, scales: MlxArray, biases: MlxArr
   // First call of a shape: validated and marshalled once, then reused every step. The launches
   // read nothing but the inputs' shapes and dtypes (bits and groups included).
   const inputs = [x, w, scales, biases];
-  if (exactTakes(x, w, scales, biases, bits, group_size, w.shape[0]!, r)) return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
+  if (exactTakes(x, w, scales, biases, bits, group_size, w.shape[0]!, r)) return qmv_exact_kernel.runKeyed(inputs, exactKey(inputs))[0]!;
   return r.on && M >= 1 && M <= QMV_MAX_ROWS ? qmv_kernel.runKeyed(inputs, inputsKey(inputs))[0]! : null;
 }
 
@@ -592,5 +597,5 @@ export function quantized_linear_stacked(
   if (!shapesAgree(x, w, scales, q.bits, q.group_size)) return null;
   if (!exactTakes(x, w, scales, biases, q.bits, q.group_size, partRows, resolve())) return null;
   const inputs = [x, w, scales, biases];
-  return qmv_exact_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
+  return qmv_exact_kernel.runKeyed(inputs, exactKey(inputs))[0]!;
 }
