@@ -3,7 +3,7 @@
 // tok/s of mlx-bun exact, mlx-bun fast and mlx-lm (tools/bench/mlx_lm_bench.py in a Python twin),
 // the order rotated every repetition; min / median / max.
 //   .native/bin/bun tools/bench/device/qmv-decode.ts --model DIR [--python PY] [--reps 5]
-//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|dense-attn|staged|next]
+//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|dense-attn|staged|next|candidates]
 // "exact": mx.quantized_matmul everywhere (MLX_BUN_FAST_QMV=0); "fast": the qmv kernel for every
 // quantized linear with at most 16 rows of x (decode), MLX's op for prefill.
 // --ab fused compares instead fused projections off ("exact") and on ("fast", the default path:
@@ -17,7 +17,8 @@
 // default with the plain caches' split-K decode attention kernel (MLX_BUN_DENSE_DECODE=kernel: two
 // launches a layer instead of MLX's three, float32 throughout; not MLX's bits, so the KL is the test).
 // --ab staged: the default against the exact matvec's staged launch (MLX_BUN_QMV_STAGED: expected KL 0);
-// --ab next: the default, each of those two alone, both. The KL compares every side with the first.
+// --ab next: the default, each of those two alone, both; --ab candidates: MLX's kernels, the default, each
+// candidate alone. The KL compares every side with the first.
 import { writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import { defaultDevice, evaluate, MlxArray } from "@mlx-bun/mlx-ffi";
@@ -77,6 +78,13 @@ const AB_MODES: Record<string, Side[]> = {
   staged: [
     { label: "mlx-bun default", qmv: "auto", norms: "auto" },
     { label: "mlx-bun default + staged matvec", qmv: "auto", norms: "auto", staged: true },
+  ],
+  // MLX's kernels (the reference: the default's KL must be 0), the default, and each candidate for the next default.
+  candidates: [
+    { label: "mlx-bun MLX's kernels" },
+    { label: "mlx-bun default", qmv: "auto", norms: "auto" },
+    { label: "mlx-bun default + staged matvec", qmv: "auto", norms: "auto", staged: true },
+    { label: "mlx-bun default + attention kernel", qmv: "auto", norms: "auto", attn: "kernel" },
   ],
   // The candidates for the next default, each alone and together, against the default.
   next: [
