@@ -621,6 +621,64 @@ def check_qmv_exact(k, emulate):
     return ok
 
 
+# ----------------------------------------------------------------------------- decode attention at MLX's rounding points
+# packages/mlx-ops/src/kernels/sdpa-decode.ts: q·kᵀ rounded to the dtype, then the precise softmax
+# (rounded) · v, as MLX composes attention for heads over 128 on CUDA. The float32 sums run in
+# another order than MLX's (cuBLAS's on a GPU, MLX's CPU matmul emulated), so a value may move by
+# one unit in the last place: each output must be within one such unit of MLX's, and the share of
+# values that differ at all at most SDPA_DECODE_MAX_DIFFERING (all-float32 attention, which skips the
+# two roundings, differs in about 45% of bf16 outputs, and in 16% with the scores' rounding alone).
+SDPA_DECODE_MAX_KEYS = 1024
+SDPA_DECODE_MAX_DIFFERING = 0.02
+# (B, Hq, Hkv, D, T, dtype): the 12B's sliding and full layers, the 1B's full layer at the key limit,
+# fp16 GQA with two rows, one key, two rows of 8 query heads a KV head (the kernels take bf16 and
+# fp16 only: in float32 there are no roundings to keep).
+SDPA_DECODE_SHAPES = [(1, 16, 8, 256, 77, mx.bfloat16), (1, 16, 1, 512, 100, mx.bfloat16),
+                      (1, 8, 1, 256, SDPA_DECODE_MAX_KEYS, mx.bfloat16), (2, 4, 2, 256, 33, mx.float16),
+                      (1, 2, 1, 512, 1, mx.bfloat16), (2, 16, 2, 256, 513, mx.bfloat16)]
+
+
+def ulp_compare(label, out, ref, dt):
+    """Within one unit in the last place of dt (relative 2^-7 bf16, 2^-10 fp16), and few values differing."""
+    rel = {mx.bfloat16: 2**-7, mx.float16: 2**-10}[dt]
+    o, r = out.astype(mx.float32), ref.astype(mx.float32)
+    tiny = {mx.bfloat16: 1e-38, mx.float16: 6e-8}[dt]
+    ok = compare(label, out, ref, tiny, rel)
+    differing = mx.mean((o != r).astype(mx.float32)).item()
+    print(f"{label}: {differing:.2%} of values differ (at most {SDPA_DECODE_MAX_DIFFERING:.0%})", flush=True)
+    return ok and differing <= SDPA_DECODE_MAX_DIFFERING
+
+
+def check_sdpa_decode(ks, kv, emulate):
+    ok = True
+    for i, (b, hq, hkv, d, t, dt) in enumerate(SDPA_DECODE_SHAPES):
+        mx.random.seed(300 + i)
+        q = mx.random.normal((b, hq, 1, d)).astype(dt)
+        # Keys and values as the cache holds them: the first t tokens of a longer buffer (strided views).
+        kf = Sliced(mx.random.normal((b, hkv, t + 13, d)).astype(dt), t)
+        vf = Sliced(mx.random.normal((b, hkv, t + 13, d)).astype(dt), t)
+        label = f"B{b} Hq{hq} Hkv{hkv} D{d} T{t} {str(dt).split('.')[-1]}"
+        tmpl = [("T", dt), ("D", d), ("REP", hq // hkv), ("WARPS", 8), ("TOK", 32), ("MAXK", SDPA_DECODE_MAX_KEYS)]
+        s = ks(inputs=[q, kf], template=tmpl, grid=(SDPA_DECODE_MAX_KEYS // 32 * 256, b * hkv, 1), threadgroup=(256, 1, 1),
+               output_shapes=[(b, hq, SDPA_DECODE_MAX_KEYS)], output_dtypes=[dt])[0]
+        s = s[:, :, :t]
+        ref = mx.fast.scaled_dot_product_attention(q, kf.mx, vf.mx, scale=1.0)
+        # MLX's composition, step by step (GQA as fast.cpp's fallback: q [B, Hkv, rep, 1, D]).
+        qg = q.reshape(b, hkv, hq // hkv, 1, d)
+        s_ref = (qg @ mx.expand_dims(kf.mx, 2).swapaxes(-1, -2)).reshape(b, hq, t)
+        ok = ulp_compare(f"mlxb_sdpa_decode_scores {label} (MLX's matmul)", s, s_ref, dt) and ok
+        vtmpl = [("T", dt), ("DV", d), ("REP", hq // hkv), ("WARPS", 8), ("CHUNK", 64)]
+        s_pad = mx.pad(s_ref, [(0, 0), (0, 0), (0, SDPA_DECODE_MAX_KEYS - t)])
+        launch = dict(template=vtmpl, grid=(d // 64 * 256, b * hq, 1), threadgroup=(256, 1, 1), output_shapes=[(b, hq, 1, d)], output_dtypes=[dt])
+        o = kv(inputs=[s_pad, vf], **launch)[0]
+        p = mx.softmax(s_ref, axis=-1, precise=True).reshape(b, hkv, hq // hkv, 1, t)
+        o_ref = (p @ mx.expand_dims(vf.mx, 2)).reshape(b, hq, 1, d)
+        ok = ulp_compare(f"mlxb_sdpa_decode_values {label} (MLX's softmax and matmul on the same scores)", o, o_ref, dt) and ok
+        e2e = kv(inputs=[mx.pad(s, [(0, 0), (0, 0), (0, SDPA_DECODE_MAX_KEYS - t)]), vf], **launch)[0]
+        ok = ulp_compare(f"mlxb_sdpa_decode end to end {label} (MLX's scaled_dot_product_attention)", e2e, ref, dt) and ok
+    return ok
+
+
 # ----------------------------------------------------------------------------- fused exact norms
 # packages/mlx-ops/src/kernels/norm-exact.ts: MLX's CUDA RMSNorm arithmetic (docs/custom-kernels.md,
 # "MLX's CUDA RMSNorm, as compiled") fused with its neighbours. On a GPU the reference is MLX's own
@@ -1103,6 +1161,8 @@ def main() -> None:
                         ("mlxb_residual_norm_exact", check_residual_norm), ("mlxb_residual_exact", check_residual)):
         if name in specs and (not only or name in only):
             ok = check(compiled(specs[name], emulate), emulate) and ok
+    if "mlxb_sdpa_decode_scores" in specs and (not only or "mlxb_sdpa_decode_scores" in only):
+        ok = check_sdpa_decode(compiled(specs["mlxb_sdpa_decode_scores"], emulate), compiled(specs["mlxb_sdpa_decode_values"], emulate), emulate) and ok
     if "mlxb_turbo_unrotate" in specs and (not only or "mlxb_turbo_unrotate" in only):
         ok = check_turbo_unrotate(compiled(specs["mlxb_turbo_unrotate"], emulate), emulate, quick) and ok
     combine = compiled(specs["mlxb_decode_combine"], emulate) if "mlxb_decode_combine" in specs else None

@@ -242,6 +242,9 @@ using ::exp2f;
 using ::sinf;
 using ::expf;
 using ::tanhf;
+// CUDA's __expf is a fast approximation (ex2.approx): the C library's here, so emulated results
+// match a model that calls expf; on a GPU they differ in the last bits of a float32.
+inline float __expf(float x) { return ::expf(x); }
 
 namespace emu {
 template <class F>

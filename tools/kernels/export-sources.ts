@@ -5,6 +5,7 @@ import { geglu_kernel } from "../../packages/mlx-ops/src/kernels/geglu.ts";
 import { qmv_kernel } from "../../packages/mlx-ops/src/kernels/qmv.ts";
 import { qmv_exact_kernel } from "../../packages/mlx-ops/src/kernels/qmv-exact.ts";
 import { q_norm_kernel, qkv_norm_kernel, residual_norm_kernel } from "../../packages/mlx-ops/src/kernels/norm-exact.ts";
+import { sdpa_decode_scores_kernel, sdpa_decode_values_kernel } from "../../packages/mlx-ops/src/kernels/sdpa-decode.ts";
 import { LLOYD_MAX_GAUSSIAN } from "../../packages/mlx-ops/src/turboquant.ts";
 import { affineDecodeKernel } from "../../packages/kv-cache/src/kernels/affine-decode.ts";
 import { decodeCombineKernel } from "../../packages/kv-cache/src/kernels/decode-combine.ts";
@@ -24,6 +25,8 @@ const kernels = [
   q_norm_kernel({ hq: 1, dim: 256, eps: 1e-6 }),
   residual_norm_kernel({ eps: 1e-6, scaled: false, next: true }),
   residual_norm_kernel({ eps: 1e-6, scaled: false, next: false }),
+  sdpa_decode_scores_kernel,
+  sdpa_decode_values_kernel,
   turboValuesKernel,
   turboEncodeKernel,
   turboUnrotateKernel,

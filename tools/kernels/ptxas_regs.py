@@ -60,9 +60,15 @@ VARIANTS = [
     ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=8, XS=1, RPW=1)),
     ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=1, RPW=2)),
     ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8, CH=4, XS=1, RPW=4)),
+    # Decode attention at MLX's rounding points (sdpa-decode.ts): the 12B's sliding (8 KV heads of
+    # 256, 2 query heads each) and full (1 KV head of 512, 16 query heads) layers.
+    ("mlxb_sdpa_decode_scores", dict(D=256, REP=2, WARPS=8, TOK=32, MAXK=1024)),
+    ("mlxb_sdpa_decode_scores", dict(D=512, REP=16, WARPS=8, TOK=32, MAXK=1024)),
+    ("mlxb_sdpa_decode_values", dict(DV=256, REP=2, WARPS=8, CHUNK=64)),
+    ("mlxb_sdpa_decode_values", dict(DV=512, REP=16, WARPS=8, CHUNK=64)),
 ]
 TYPES = {"kw": "uint32_t", "vw": "uint32_t", "w": "uint32_t", "vc": "uint8_t", "centroids": "float", "mask": "bool"}
-OUT_TYPES = {"out": "T"}
+OUT_TYPES = {"out": "T", "s": "T", "o": "T"}
 
 
 def setup():

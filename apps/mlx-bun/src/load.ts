@@ -39,11 +39,11 @@ export function noteNoOps(o: ModelOptions, say: (line: string) => void = (l) => 
 }
 
 /**
- * --exact: MLX's own kernels only (mlx-ops' MLX_BUN_FAST_QMV / MLX_BUN_EXACT_NORMS off), set before the
+ * --exact: MLX's own kernels only (mlx-ops' MLX_BUN_FAST_QMV / MLX_BUN_EXACT_NORMS / MLX_BUN_SDPA_DECODE off), set before the
  * model loads: the kernels are chosen at first use, and the settings pass to processes this one starts.
  */
 export function exactKernels(o: Pick<ModelOptions, "exact">, env: NodeJS.ProcessEnv = process.env): void {
-  if (o.exact) Object.assign(env, { MLX_BUN_FAST_QMV: "off", MLX_BUN_EXACT_NORMS: "off" });
+  if (o.exact) Object.assign(env, { MLX_BUN_FAST_QMV: "off", MLX_BUN_EXACT_NORMS: "off", MLX_BUN_SDPA_DECODE: "off" });
 }
 
 export async function loadEngine(

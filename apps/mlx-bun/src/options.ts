@@ -145,7 +145,7 @@ export function addModelOptions(cmd: Command): Command {
     .option("--prefill-step-size <n>", "prompt tokens per prefill step", intArg("--prefill-step-size", 1), 2048)
     .option(
       "--exact",
-      "decode with MLX's own kernels only, the path mlx-lm runs (on CUDA H100/H200 mlx-bun otherwise takes its exact-order matvec and fused norms, which keep MLX's bits)",
+      "decode with MLX's own kernels only, the path mlx-lm runs (on CUDA mlx-bun otherwise takes its exact-order matvec and fused norms on H100/H200, which keep MLX's bits, and its decode attention at MLX's rounding points)",
     );
 }
 

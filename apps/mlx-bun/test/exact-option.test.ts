@@ -19,6 +19,6 @@ describe("--exact", () => {
     exactKernels(parse([]), env);
     expect(env).toEqual({ MLX_BUN_FAST_QMV: "exact" });
     exactKernels(parse(["--exact"]), env);
-    expect(env).toEqual({ MLX_BUN_FAST_QMV: "off", MLX_BUN_EXACT_NORMS: "off" });
+    expect(env).toEqual({ MLX_BUN_FAST_QMV: "off", MLX_BUN_EXACT_NORMS: "off", MLX_BUN_SDPA_DECODE: "off" });
   });
 });

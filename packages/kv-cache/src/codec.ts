@@ -79,6 +79,8 @@ export const plainCodec: KvCodec = {
       length,
       ([k, v], q, scale, mask, sinks) =>
         (sinks ? null : denseDecodeAttention(q, k!, v!, scale, mask)) ??
+        // On CUDA (MLX_BUN_SDPA_DECODE), one decode token's attention at MLX's rounding points in two launches.
+        (!sinks && mask === null ? mx.kernels.sdpa_decode(q, k!, v!, scale) : null) ??
         // With the exact launch reductions on (MLX_BUN_EXACT_NORMS), MLX's composition less its ×1.
         (!sinks && mask === null && mx.kernels.exact_norms_enabled() ? mx.kernels.sdpa_unit_scale(q, k!, v!, scale) : null) ??
         mx.fast.scaled_dot_product_attention(q, k!, v!, { scale, mask, ...(sinks ? { sinks } : {}) }),

@@ -56,8 +56,11 @@ def main():
         except ValueError:
             continue
         unit = r.get("Metric Unit", "")
-        scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3,
-                 "byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}.get(unit, 1.0)
+        # ncu 2025 writes "nsecond", later ones "ns": both to ms (and bytes to MB).
+        scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0, "second": 1e3, "s": 1e3,
+                 "byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}.get(unit)
+        if scale is None:
+            sys.exit(f"ncu-step-summary: unknown unit {unit!r} of {r['Metric Name']}")
         k["m"][r["Metric Name"]] = value * scale  # ms and MB
     steps, cur = [], []
     for i in sorted(kernels):

@@ -3,7 +3,7 @@
 // tok/s of mlx-bun exact, mlx-bun fast and mlx-lm (tools/bench/mlx_lm_bench.py in a Python twin),
 // the order rotated every repetition; min / median / max.
 //   .native/bin/bun tools/bench/device/qmv-decode.ts --model DIR [--python PY] [--reps 5]
-//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|dense-attn|staged|next|candidates]
+//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|sdpa|dense-attn|staged|next|candidates]
 // "exact": mx.quantized_matmul everywhere (MLX_BUN_FAST_QMV=0); "fast": the qmv kernel for every
 // quantized linear with at most 16 rows of x (decode), MLX's op for prefill.
 // --ab fused compares instead fused projections off ("exact") and on ("fast", the default path:
@@ -16,6 +16,9 @@
 // settings. Expected KL 0 (the last side against the first). --ab dense-attn: the default against the
 // default with the plain caches' split-K decode attention kernel (MLX_BUN_DENSE_DECODE=kernel: two
 // launches a layer instead of MLX's three, float32 throughout; not MLX's bits, so the KL is the test).
+// --ab sdpa: MLX's kernels, the default, the default with the decode attention kernels (mlx-ops
+// sdpa_decode, MLX_BUN_SDPA_DECODE=on: MLX's rounding points in two launches instead of four, not its
+// bits): the KL is the test.
 // --ab staged: the default against the exact matvec's staged launch (MLX_BUN_QMV_STAGED: expected KL 0);
 // --ab next: the default, each of those two alone, both; --ab candidates: MLX's kernels, the default, each
 // candidate alone. The KL compares every side with the first.
@@ -52,6 +55,8 @@ interface Side {
   attn?: "kernel";
   /** The exact matvec's staged launch; unset: MLX_BUN_QMV_STAGED (default off). */
   staged?: true;
+  /** Decode attention at MLX's rounding points in two launches (mlx-ops sdpa_decode); unset: off (the default). */
+  sdpa?: "on";
 }
 /** Each --ab: its sides, the reference first; the KL compares the last side with the first. */
 const AB_MODES: Record<string, Side[]> = {
@@ -66,6 +71,12 @@ const AB_MODES: Record<string, Side[]> = {
     { label: "mlx-bun exact norms", norms: "on" },
     { label: "mlx-bun exact-order matvec", qmv: "exact" },
     { label: "mlx-bun exact norms + matvec", qmv: "exact", norms: "on" },
+  ],
+  // MLX's kernels, the default, the default with the decode attention kernels (KL of both against the first).
+  sdpa: [
+    { label: "mlx-bun MLX's kernels" },
+    { label: "mlx-bun default", qmv: "auto", norms: "auto" },
+    { label: "mlx-bun default + decode attention", qmv: "auto", norms: "auto", sdpa: "on" },
   ],
   // What mlx-bun does by default (on CUDA sm90: the fused exact norms, the exact-order matvec on large matrices).
   "exact-auto": [{ label: "mlx-bun MLX's kernels" }, { label: "mlx-bun default", qmv: "auto", norms: "auto" }],
@@ -115,6 +126,7 @@ const use = (side: Side) => {
   if (AB === "fused") setFusedProjections(side.fused ? "on" : "off");
   setDenseDecode(side.attn);
   mx.kernels.set_qmv_exact_staged(side.staged);
+  mx.kernels.set_sdpa_decode(side.sdpa ?? "off");
 };
 const result: Record<string, unknown> = { model, ab: AB, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };
 const save = () => JSON_OUT && writeFileSync(JSON_OUT, JSON.stringify(result, null, 1));

@@ -55,3 +55,12 @@ export {
   residual_norm_fits,
   set_exact_norms,
 } from "./norm-exact.ts";
+export {
+  type SdpaDecodeSetting,
+  SDPA_DECODE_MAX_KEYS,
+  sdpa_decode,
+  sdpa_decode_enabled,
+  sdpa_decode_scores_kernel,
+  sdpa_decode_values_kernel,
+  set_sdpa_decode,
+} from "./sdpa-decode.ts";

@@ -42,7 +42,7 @@ let stagedEnv: boolean | undefined;
 
 /**
  * Whether one-row calls take the staged launch (x in shared memory, RPW rows of w a warp, the next
- * loads issued across rows): MLX_BUN_QMV_STAGED=1|0, off by default until timed on a GPU. The bits
+ * loads issued across rows): MLX_BUN_QMV_STAGED=1|0, off by default: slower than the plain launch on every bench shape on an H100 (docs/benchmarks.md). The bits
  * are the same either way. `undefined` goes back to the environment variable.
  */
 export function set_qmv_exact_staged(on: boolean | undefined): void {

@@ -410,7 +410,8 @@ export function qmv(
 /**
  * "auto" (the default): on CUDA sm90 (H100/H200), where the exact-order kernel was read from and
  * checked against MLX's SASS, "exact" for 4-bit matrices of at least QMV_EXACT_AUTO_MIN_ELEMENTS
- * weights (where it is the faster kernel: the 12B's large projections, every lm_head) and the batched
+ * weights (where it is the faster kernel: the 12B's large projections, every lm_head), for 8-bit ones
+ * of as many weights at 2-7 rows of x (MLX runs its 8-bit qmv once a row there) and the batched
  * rows' fold below; MLX's op elsewhere. "off": MLX's op. "on": the float32-accumulating kernel
  * wherever a GPU source runs (at most QMV_MAX_ROWS rows of x): not a default anywhere, since on the
  * H200 it measured KL 3.3e-3 per token against MLX's op and 0.80× decode tok/s (docs/benchmarks.md).
@@ -452,7 +453,7 @@ let setting: FastQmvSetting | undefined;
  * on: the float32 kernel; exact: the setting routes calls to the exact-order kernel; exactMin: from
  * how many weight elements; wide: every call MLX's qmv takes (fewer than 8 rows, any N) rather than
  * one row with N, K ≤ 16384, and batched one-position rows from 8 go to MLX's op as one matrix;
- * eightBit: 8-bit weights too (wide only).
+ * eightBit: 8-bit weights at one row too (wide takes them from 2 rows).
  */
 interface Resolved {
   on: boolean;
@@ -572,9 +573,10 @@ function exactTakes(x: MlxArray, w: MlxArray, scales: MlxArray, biases: MlxArray
   // row within 16384 always; below 8 rows whatever N where the group size is below K (no qmm_sm90).
   const oneRow = rows === 1 && partRows <= MLX_QMV_MAX_DIM && K <= MLX_QMV_MAX_DIM;
   const wideQmv = r.wide && rows < MLX_QMV_ROWS && group_size < K;
-  // 8-bit (MLX's float-accumulating qmv, bit for bit on an H100) only when asked for: at one row
-  // MLX's own 8-bit qmv streams as fast (docs/benchmarks.md).
-  const mlxQmv = (bits === 4 && (oneRow || wideQmv)) || (bits === 8 && wideQmv && r.eightBit);
+  // 8-bit (MLX's float-accumulating qmv, bit for bit on an H100) from 2 rows, where MLX launches its
+  // qmv once a row (1.3-1.4× on the 12B's gate/up at 2 and 4 rows); at one row MLX's own 8-bit qmv
+  // streams as fast, so only when asked for (docs/benchmarks.md).
+  const mlxQmv = (bits === 4 && (oneRow || wideQmv)) || (bits === 8 && wideQmv && (r.eightBit || rows > 1));
   return r.exact && mlxQmv && w.shape[0]! * K >= r.exactMin && x.dtype === "bfloat16" && scales.dtype === "bfloat16" && biases.dtype === "bfloat16";
 }
 
