@@ -5,17 +5,14 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { afterAll, describe, expect, test } from "vitest";
 import { type MlxArray, Stream } from "@mlx-bun/mlx-ffi";
-import { oraclePython } from "../../../tools/oracle/oracle.ts";
 import { astype } from "../src/elementwise.ts";
 import { gpu_backend } from "../src/kernels/kernel.ts";
 import { qmv_exact, qmv_exact_kernel, qmv_exact_stage, set_qmv_exact_staged } from "../src/kernels/qmv-exact.ts";
 import { quantized_matmul } from "../src/quantized.ts";
+import { emulatedCheck } from "./emulated-check.ts";
 import { expectExact, quantizedInputs, randn } from "./seeded-inputs.ts";
-
-const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
 
 const inputs = (lead: number[], n: number, k: number, gs: number, seed: number, bits = 4): MlxArray[] =>
   quantizedInputs(lead, n, k, bits, gs, "bfloat16", seed);
@@ -28,18 +25,9 @@ describe("mlxb_qmv_exact", () => {
   test.runIf(process.platform === "linux")(
     "the CUDA body, emulated, equals the model of MLX's CUDA arithmetic bit for bit (4-bit and 8-bit, 1-8 chunks in flight, staged)",
     () => {
-      const sources = join(dir, "kernel-sources.json");
-      const exp = Bun.spawnSync([process.execPath, join(ROOT, "tools/kernels/export-sources.ts"), sources], { cwd: ROOT, stderr: "pipe" });
-      expect(exp.exitCode, exp.stderr.toString()).toBe(0);
-      const r = Bun.spawnSync([oraclePython(), join(ROOT, "tools/kernels/check_cuda_kernels.py"), sources, "--emulate", "--only", "mlxb_qmv_exact"], {
-        cwd: ROOT,
-        stdout: "pipe",
-        stderr: "pipe",
-      });
-      const out = r.stdout.toString();
+      const { code, out, stderr } = emulatedCheck(dir, "mlxb_qmv_exact");
       const bad = out.split("\n").filter((l) => l.length > 0 && !/outside tolerance 0$/.test(l) && !l.startsWith("RESULT PASS"));
-      const stderr = r.stderr.toString().slice(-2000);
-      expect({ code: r.exitCode, bad, stderr }).toEqual({ code: 0, bad: [], stderr });
+      expect({ code, bad, stderr }).toEqual({ code: 0, bad: [], stderr });
       expect(out).toMatch(/MLX CUDA model\): max \|diff\| 0, outside tolerance 0/);
       expect(out).toMatch(/RESULT PASS \(54 comparisons\)/);
       // The chunks in flight (template CH) move loads only: those cases must be bit-equal too.

@@ -5,15 +5,12 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { afterAll, afterEach, describe, expect, test } from "vitest";
-import { oraclePython } from "../../../tools/oracle/oracle.ts";
 import { astype } from "../src/elementwise.ts";
 import { fast } from "../src/fast.ts";
 import { sdpa_decode, sdpa_decode_enabled, sdpa_decode_scores_kernel, sdpa_decode_values_kernel, set_sdpa_decode } from "../src/kernels/sdpa-decode.ts";
+import { emulatedCheck } from "./emulated-check.ts";
 import { expectExact, randn } from "./seeded-inputs.ts";
-
-const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
 
 describe("sdpa_decode", () => {
   const dir = mkdtempSync(join(tmpdir(), "mlxb-sdpa-decode-"));
@@ -23,16 +20,8 @@ describe("sdpa_decode", () => {
   test.runIf(process.platform === "linux")(
     "the CUDA bodies, emulated, keep MLX's rounding points (scores, probabilities, output) on the bench models' head layouts",
     () => {
-      const sources = join(dir, "kernel-sources.json");
-      const exp = Bun.spawnSync([process.execPath, join(ROOT, "tools/kernels/export-sources.ts"), sources], { cwd: ROOT, stderr: "pipe" });
-      expect(exp.exitCode, exp.stderr.toString()).toBe(0);
-      const r = Bun.spawnSync([oraclePython(), join(ROOT, "tools/kernels/check_cuda_kernels.py"), sources, "--emulate", "--only", "mlxb_sdpa_decode_scores"], {
-        cwd: ROOT,
-        stdout: "pipe",
-        stderr: "pipe",
-      });
-      const out = r.stdout.toString();
-      expect({ code: r.exitCode, stderr: r.stderr.toString().slice(-2000) }).toEqual({ code: 0, stderr: r.stderr.toString().slice(-2000) });
+      const { code, out, stderr } = emulatedCheck(dir, "mlxb_sdpa_decode_scores");
+      expect({ code, stderr }).toEqual({ code: 0, stderr });
       expect(out).toMatch(/RESULT PASS \(18 comparisons\)/);
       // The 12B's full-attention layer (16 query heads on one KV head of 512) and the key limit, end to end.
       expect(out).toMatch(/end to end B1 Hq16 Hkv1 D512 T100 bfloat16 \(MLX's scaled_dot_product_attention\): max \|diff\| 0/);
