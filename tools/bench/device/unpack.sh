@@ -14,8 +14,11 @@ p2=.device-carry/p2
 t=$(date +%s%N)
 lap() { local n; n=$(date +%s%N); printf '[unpack] %-28s %6d ms\n' "$1" $(((n - t) / 1000000)); t=$n; }
 # A warm machine (a call right after the last one) keeps what that call installed: nothing to do.
+# A call without the carry has no p2: the checksum recorded beside libmlx.so at install stands in.
+sum="$p2/libmlx.so.sha256"
+[ -f "$sum" ] || sum="$site/mlx/lib/libmlx.so.sha256"
 if [ -x .native/bin/bun ] && [ -f .native/device/libmlxb.so ] &&
-  echo "$(cat "$p2/libmlx.so.sha256" 2>/dev/null)  $site/mlx/lib/libmlx.so" | sha256sum -c --quiet >/dev/null 2>&1; then
+  echo "$(cat "$sum" 2>/dev/null)  $site/mlx/lib/libmlx.so" | sha256sum -c --quiet >/dev/null 2>&1; then
   echo "[unpack] already installed (a warm machine)"
   exit 0
 fi
@@ -24,6 +27,7 @@ tar -C "$site" -xJf "$p2/site.tar.xz"
 lap "site tree"
 cat "$stash"/libmlx.xz.00 "$p2"/libmlx.xz.0[1-9] | xz -d -T0 > "$site/mlx/lib/libmlx.so"
 echo "$(cat "$p2/libmlx.so.sha256")  $site/mlx/lib/libmlx.so" | sha256sum -c --quiet
+cp "$p2/libmlx.so.sha256" "$site/mlx/lib/libmlx.so.sha256"
 lap "libmlx.so (sha256 ok)"
 xz -d -T0 -c "$p2/bun.xz" > .native/bin/bun.new && chmod +x .native/bin/bun.new && mv -f .native/bin/bun.new .native/bin/bun
 lap "bun $(.native/bin/bun --version)"
