@@ -26,8 +26,8 @@ const TOK = 32;
 // written): its shape, the grids and so both launches are the same every step of a context, so a
 // launch is prepared once per layer shape (CustomKernel.runKeyed), not per step.
 // Grid: x = blocks of TOK tokens (those past T return at once), y = b·Hkv. q of the KV head's REP query heads in shared memory as
-// [r][i][lane] (lane l holds elements l·EK..l·EK+EK-1: conflict-free reads); a warp takes a token,
-// its lanes EK elements each, every head's dot product summed by a butterfly, rounded to T.
+// [r][i][lane] (lane l holds elements l·EK..l·EK+EK-1: conflict-free reads); a warp takes TOK / WARPS
+// keys, its lanes EK elements each, every head's dot product summed by a butterfly, rounded to T.
 const SCORES_CUDA = `
   constexpr int EK = D / 32;
   const int tid = (int)threadIdx.x;
@@ -40,6 +40,17 @@ const SCORES_CUDA = `
   const int bh = (int)blockIdx.y;
   const int b = bh / HKV;
   const int h = bh - b * HKV;
+  // The warp's TOK / WARPS keys: every load issued first (before q is
+  // staged, which they overlap), then each key's dot products in turn.
+  constexpr int KPW = TOK / WARPS;
+  float kf[KPW][EK];
+#pragma unroll
+  for (int j = 0; j < KPW; ++j) {
+    const int t = t0 + wid + j * WARPS;
+    const int64_t kr = (int64_t)b * k_strides[0] + (int64_t)h * k_strides[1] + (int64_t)(t < TL ? t : TL - 1) * k_strides[2];
+#pragma unroll
+    for (int i = 0; i < EK; ++i) kf[j][i] = static_cast<float>(k[kr + (int64_t)(lane * EK + i) * k_strides[3]]);
+  }
   __shared__ float qs[REP * D];
   for (int e = tid; e < REP * D; e += WARPS * 32) {
     const int r = e / D;
@@ -48,18 +59,16 @@ const SCORES_CUDA = `
     qs[(r * EK + d % EK) * 32 + d / EK] = static_cast<float>(q[qi]);
   }
   __syncthreads();
-  for (int tt = wid; tt < TOK; tt += WARPS) {
-    const int t = t0 + tt;
+#pragma unroll
+  for (int j = 0; j < KPW; ++j) {
+    const int t = t0 + wid + j * WARPS;
     if (t >= TL) break;
-    const int64_t kr = (int64_t)b * k_strides[0] + (int64_t)h * k_strides[1] + (int64_t)t * k_strides[2];
-    float kf[EK];
-#pragma unroll
-    for (int i = 0; i < EK; ++i) kf[i] = static_cast<float>(k[kr + (int64_t)(lane * EK + i) * k_strides[3]]);
-#pragma unroll
+    // Heads two at a time: fully unrolled, 16 heads of 512 took all 255 registers.
+#pragma unroll 2
     for (int r = 0; r < REP; ++r) {
       float acc = 0.0f;
 #pragma unroll
-      for (int i = 0; i < EK; ++i) acc += qs[(r * EK + i) * 32 + lane] * kf[i];
+      for (int i = 0; i < EK; ++i) acc += qs[(r * EK + i) * 32 + lane] * kf[j][i];
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
       if (lane == 0) s[((int64_t)b * HKV * REP + h * REP + r) * MAXK + t] = static_cast<T>(acc);
@@ -69,8 +78,8 @@ const SCORES_CUDA = `
 
 // Grid: x = DV / CHUNK blocks, y = b·Hq. The row's max and Σ __expf(s − max) over the block, then
 // p = T(__expf(s − max) · (1/Σ)) as MLX's softmax writes it; a warp takes 4 tokens at a time (8
-// lanes each, 8 elements a lane), float32 sums over the warp's tokens, the 4 lane groups and the 8
-// warps in a fixed order, one rounding to T.
+// lanes each, 8 elements a lane; a lane's next U tokens' loads in flight together), float32 sums
+// over the warp's tokens, the 4 lane groups and the 8 warps in a fixed order, one rounding to T.
 const VALUES_CUDA = `
   const int tid = (int)threadIdx.x;
   const int lane = tid & 31;
@@ -106,11 +115,27 @@ const VALUES_CUDA = `
   float acc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
-  for (int t = wid * 4 + g; t < TL; t += WARPS * 4) {
-    const float p = static_cast<float>(static_cast<T>(__expf(static_cast<float>(sr[t]) - mx) * inv));
-    const int64_t vr = vb + (int64_t)t * v_strides[2];
+  // U of the lane's tokens at a time: their loads are issued together, then used in token order.
+  constexpr int U = 4;
+  for (int tb = wid * 4 + g; tb < TL; tb += WARPS * 4 * U) {
+    float sv[U];
+    float vv[U][8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] += p * static_cast<float>(v[vr + (int64_t)(e0 + i) * v_strides[3]]);
+    for (int u = 0; u < U; ++u) {
+      const int t = tb + u * WARPS * 4;
+      const int tc = t < TL ? t : TL - 1;
+      sv[u] = static_cast<float>(sr[tc]);
+      const int64_t vr = vb + (int64_t)tc * v_strides[2];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) vv[u][i] = static_cast<float>(v[vr + (int64_t)(e0 + i) * v_strides[3]]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (tb + u * WARPS * 4 >= TL) break;
+      const float p = static_cast<float>(static_cast<T>(__expf(sv[u] - mx) * inv));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += p * vv[u][i];
+    }
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
