@@ -90,11 +90,12 @@ const VALUES_CUDA = `
   const int b = row / HQ;
   const int hq = row - b * HQ;
   const int h = hq / REP;
-  const T* sr = s + (int64_t)row * s_shape[2];
+  const T* sr = s + (int64_t)b * s_strides[0] + (int64_t)hq * s_strides[1];
+  const int64_t ss = s_strides[2];
   __shared__ float red[WARPS];
   __shared__ float part[WARPS][CHUNK];
   float mx = -cuda::std::numeric_limits<float>::infinity();
-  for (int t = tid; t < TL; t += WARPS * 32) mx = fmaxf(mx, static_cast<float>(sr[t]));
+  for (int t = tid; t < TL; t += WARPS * 32) mx = fmaxf(mx, static_cast<float>(sr[t * ss]));
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   if (lane == 0) red[wid] = mx;
   __syncthreads();
@@ -102,7 +103,7 @@ const VALUES_CUDA = `
   for (int w = 1; w < WARPS; ++w) mx = fmaxf(mx, red[w]);
   __syncthreads();
   float l = 0.0f;
-  for (int t = tid; t < TL; t += WARPS * 32) l += __expf(static_cast<float>(sr[t]) - mx);
+  for (int t = tid; t < TL; t += WARPS * 32) l += __expf(static_cast<float>(sr[t * ss]) - mx);
   for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
   if (lane == 0) red[wid] = l;
   __syncthreads();
@@ -124,7 +125,7 @@ const VALUES_CUDA = `
     for (int u = 0; u < U; ++u) {
       const int t = tb + u * WARPS * 4;
       const int tc = t < TL ? t : TL - 1;
-      sv[u] = static_cast<float>(sr[tc]);
+      sv[u] = static_cast<float>(sr[tc * ss]);
       const int64_t vr = vb + (int64_t)tc * v_strides[2];
 #pragma unroll
       for (int i = 0; i < 8; ++i) vv[u][i] = static_cast<float>(v[vr + (int64_t)(e0 + i) * v_strides[3]]);
