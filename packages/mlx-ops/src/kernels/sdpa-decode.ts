@@ -94,16 +94,16 @@ const VALUES_CUDA = `
   const int64_t ss = s_strides[2];
   __shared__ float red[WARPS];
   __shared__ float part[WARPS][CHUNK];
-  float mx = -cuda::std::numeric_limits<float>::infinity();
-  for (int t = tid; t < TL; t += WARPS * 32) mx = fmaxf(mx, static_cast<float>(sr[t * ss]));
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (lane == 0) red[wid] = mx;
+  float rmax = -cuda::std::numeric_limits<float>::infinity();
+  for (int t = tid; t < TL; t += WARPS * 32) rmax = fmaxf(rmax, static_cast<float>(sr[t * ss]));
+  for (int off = 16; off > 0; off >>= 1) rmax = fmaxf(rmax, __shfl_xor_sync(0xffffffffu, rmax, off));
+  if (lane == 0) red[wid] = rmax;
   __syncthreads();
-  mx = red[0];
-  for (int w = 1; w < WARPS; ++w) mx = fmaxf(mx, red[w]);
+  rmax = red[0];
+  for (int w = 1; w < WARPS; ++w) rmax = fmaxf(rmax, red[w]);
   __syncthreads();
   float l = 0.0f;
-  for (int t = tid; t < TL; t += WARPS * 32) l += __expf(static_cast<float>(sr[t * ss]) - mx);
+  for (int t = tid; t < TL; t += WARPS * 32) l += __expf(static_cast<float>(sr[t * ss]) - rmax);
   for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
   if (lane == 0) red[wid] = l;
   __syncthreads();
@@ -133,7 +133,7 @@ const VALUES_CUDA = `
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (tb + u * WARPS * 4 >= TL) break;
-      const float p = static_cast<float>(static_cast<T>(__expf(sv[u] - mx) * inv));
+      const float p = static_cast<float>(static_cast<T>(__expf(sv[u] - rmax) * inv));
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] += p * vv[u][i];
     }
