@@ -1,5 +1,5 @@
-// Runs kernels' CUDA bodies on this CPU: export the sources (tools/kernels/export-sources.ts), then
-// tools/kernels/check_cuda_kernels.py --emulate --only NAME (cuda_emu.h), for the kernel tests.
+// Runs kernels' CUDA bodies on this CPU for the kernel tests: export the sources
+// (tools/kernels/export-sources.ts), then tools/kernels/check_cuda_kernels.py --emulate (cuda_emu.h).
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { expect } from "vitest";
@@ -7,11 +7,16 @@ import { oraclePython } from "../../../tools/oracle/oracle.ts";
 
 const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
 
-/** The checker's exit code, stdout and the tail of its stderr for kernel `only`, sources exported into `dir`. */
-export function emulatedCheck(dir: string, only: string): { code: number; out: string; stderr: string } {
+/** Every kernel's sources as kernel-sources.json in `dir`; its path. */
+export function exportKernelSources(dir: string): string {
   const sources = join(dir, "kernel-sources.json");
   const exp = Bun.spawnSync([process.execPath, join(ROOT, "tools/kernels/export-sources.ts"), sources], { cwd: ROOT, stderr: "pipe" });
   expect(exp.exitCode, exp.stderr.toString()).toBe(0);
+  return sources;
+}
+
+/** The checker's exit code, stdout and the tail of its stderr for the kernels `only` (comma-separated) of `sources`. */
+export function emulatedCheck(sources: string, only: string): { code: number; out: string; stderr: string } {
   const r = Bun.spawnSync([oraclePython(), join(ROOT, "tools/kernels/check_cuda_kernels.py"), sources, "--emulate", "--only", only], {
     cwd: ROOT,
     stdout: "pipe",

@@ -6,10 +6,8 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
 import { afterAll, describe, expect, test } from "vitest";
 import { type MlxArray, Stream } from "@mlx-bun/mlx-ffi";
-import { oraclePython } from "../../../tools/oracle/oracle.ts";
 import { add, astype, multiply } from "../src/elementwise.ts";
 import { fast } from "../src/fast.ts";
 import { gpu_backend } from "../src/kernels/kernel.ts";
@@ -25,31 +23,20 @@ import {
   set_exact_norms,
 } from "../src/kernels/norm-exact.ts";
 import { reshape, slice } from "../src/shape.ts";
+import { emulatedCheck, exportKernelSources } from "./emulated-check.ts";
 import { expectExact, randn } from "./seeded-inputs.ts";
 
-const ROOT = fileURLToPath(new URL("../../..", import.meta.url));
 const NAMES = "mlxb_qkv_norm_exact,mlxb_q_norm_exact,mlxb_residual_norm_exact,mlxb_residual_exact";
-
-function check(sources: string): { code: number; out: string; stderr: string } {
-  const r = Bun.spawnSync([oraclePython(), join(ROOT, "tools/kernels/check_cuda_kernels.py"), sources, "--emulate", "--only", NAMES], {
-    cwd: ROOT,
-    stdout: "pipe",
-    stderr: "pipe",
-  });
-  return { code: r.exitCode ?? -1, out: r.stdout.toString(), stderr: r.stderr.toString().slice(-2000) };
-}
 
 describe("fused exact norms", () => {
   const dir = mkdtempSync(join(tmpdir(), "mlxb-norm-exact-"));
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
-  const sources = join(dir, "kernel-sources.json");
 
   test.runIf(process.platform === "linux")(
     "the CUDA bodies, emulated, equal the model of MLX's CUDA RMSNorm bit for bit; a fused output rounding does not",
     () => {
-      const exp = Bun.spawnSync([process.execPath, join(ROOT, "tools/kernels/export-sources.ts"), sources], { cwd: ROOT, stderr: "pipe" });
-      expect(exp.exitCode, exp.stderr.toString()).toBe(0);
-      const r = check(sources);
+      const sources = exportKernelSources(dir);
+      const r = emulatedCheck(sources, NAMES);
       const bad = r.out.split("\n").filter((l) => l.length > 0 && !/outside tolerance 0$/.test(l) && !l.startsWith("RESULT PASS"));
       expect({ code: r.code, bad, stderr: r.stderr }).toEqual({ code: 0, bad: [], stderr: r.stderr });
       expect(r.out).toMatch(/RESULT PASS \(48 comparisons\)/);
@@ -67,7 +54,7 @@ describe("fused exact norms", () => {
         });
       const mutatedPath = join(dir, "mutated.json");
       writeFileSync(mutatedPath, JSON.stringify(mutated));
-      const m = check(mutatedPath);
+      const m = emulatedCheck(mutatedPath, NAMES);
       expect(m.code).toBe(1);
       expect(m.out).toMatch(/RESULT FAIL/);
     },

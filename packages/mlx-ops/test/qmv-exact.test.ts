@@ -11,7 +11,7 @@ import { astype } from "../src/elementwise.ts";
 import { gpu_backend } from "../src/kernels/kernel.ts";
 import { qmv_exact, qmv_exact_kernel, qmv_exact_stage, set_qmv_exact_staged } from "../src/kernels/qmv-exact.ts";
 import { quantized_matmul } from "../src/quantized.ts";
-import { emulatedCheck } from "./emulated-check.ts";
+import { emulatedCheck, exportKernelSources } from "./emulated-check.ts";
 import { expectExact, quantizedInputs, randn } from "./seeded-inputs.ts";
 
 const inputs = (lead: number[], n: number, k: number, gs: number, seed: number, bits = 4): MlxArray[] =>
@@ -25,7 +25,7 @@ describe("mlxb_qmv_exact", () => {
   test.runIf(process.platform === "linux")(
     "the CUDA body, emulated, equals the model of MLX's CUDA arithmetic bit for bit (4-bit and 8-bit, 1-8 chunks in flight, staged)",
     () => {
-      const { code, out, stderr } = emulatedCheck(dir, "mlxb_qmv_exact");
+      const { code, out, stderr } = emulatedCheck(exportKernelSources(dir), "mlxb_qmv_exact");
       const bad = out.split("\n").filter((l) => l.length > 0 && !/outside tolerance 0$/.test(l) && !l.startsWith("RESULT PASS"));
       expect({ code, bad, stderr }).toEqual({ code: 0, bad: [], stderr });
       expect(out).toMatch(/MLX CUDA model\): max \|diff\| 0, outside tolerance 0/);

@@ -9,7 +9,7 @@ import { afterAll, afterEach, describe, expect, test } from "vitest";
 import { astype } from "../src/elementwise.ts";
 import { fast } from "../src/fast.ts";
 import { sdpa_decode, sdpa_decode_enabled, sdpa_decode_scores_kernel, sdpa_decode_values_kernel, set_sdpa_decode } from "../src/kernels/sdpa-decode.ts";
-import { emulatedCheck } from "./emulated-check.ts";
+import { emulatedCheck, exportKernelSources } from "./emulated-check.ts";
 import { expectExact, randn } from "./seeded-inputs.ts";
 
 describe("sdpa_decode", () => {
@@ -20,7 +20,7 @@ describe("sdpa_decode", () => {
   test.runIf(process.platform === "linux")(
     "the CUDA bodies, emulated, keep MLX's rounding points (scores, probabilities, output) on the bench models' head layouts",
     () => {
-      const { code, out, stderr } = emulatedCheck(dir, "mlxb_sdpa_decode_scores");
+      const { code, out, stderr } = emulatedCheck(exportKernelSources(dir), "mlxb_sdpa_decode_scores");
       expect({ code, stderr }).toEqual({ code: 0, stderr });
       expect(out).toMatch(/RESULT PASS \(18 comparisons\)/);
       // The 12B's full-attention layer (16 query heads on one KV head of 512) and the key limit, end to end.
