@@ -7,10 +7,9 @@
 // value may move by one unit in the last place of the dtype. Not MLX's bits: the end-to-end KL is the
 // test (docs/custom-kernels.md, "Decode attention at MLX's rounding points").
 import type { MlxArray, Stream } from "@mlx-bun/mlx-ffi";
-import { matmul } from "../linalg.ts";
-import { softmax } from "../reduce.ts";
-import { expand_dims, pad, reshape, slice, swapaxes, unflatten } from "../shape.ts";
+import { pad, reshape, slice } from "../shape.ts";
 import { type CustomKernel, custom_kernel, kernel_environment, select_kernel_path } from "./kernel.ts";
+import { composed_attention, composed_scores } from "./sdpa-unit-scale.ts";
 
 /** Keys a call may attend: past it a block's serial walk over the values costs more than MLX's four launches save. */
 export const SDPA_DECODE_MAX_KEYS = 1024;
@@ -240,13 +239,10 @@ export const sdpa_decode_values_kernel: CustomKernel = custom_kernel({
 });
 
 function scoresReference(q: MlxArray, k: MlxArray, st?: Stream): MlxArray {
-  // The composition's q·kᵀ (scale 1) through MLX's own ops, as [B, Hq, T], zeros to SDPA_DECODE_MAX_KEYS.
+  // The composition's q·kᵀ (scale 1) as [B, Hq, T], zeros to SDPA_DECODE_MAX_KEYS.
   const [B, HQ] = q.shape as [number, number];
-  const [, HKV, T] = k.shape as [number, number, number];
-  using qg = unflatten(q, 1, [HKV, HQ / HKV], st);
-  using ke = expand_dims(k, 2, st);
-  using kt = swapaxes(ke, -1, -2, st);
-  using sc = matmul(qg, kt, st);
+  const T = k.shape[2]!;
+  using sc = composed_scores(q, k, st);
   using s3 = reshape(sc, [B, HQ, T], st);
   return pad(
     s3,
@@ -260,15 +256,12 @@ function scoresReference(q: MlxArray, k: MlxArray, st?: Stream): MlxArray {
 }
 
 function valuesReference(s: MlxArray, v: MlxArray, st?: Stream): MlxArray {
-  // The composition's precise softmax and p·v through MLX's own ops, as [B, Hq, 1, DV].
+  // The composition's precise softmax and p·v on the first T scores, in composed_scores' layout.
   const [B, HQ] = s.shape as [number, number];
   const [, HKV, T] = v.shape as [number, number, number];
   using live = slice(s, [0, 0, 0], [B, HQ, T], undefined, st);
-  using p = softmax(live, [-1], { precise: true, stream: st });
-  using pg = reshape(p, [B, HKV, HQ / HKV, 1, T], st);
-  using ve = expand_dims(v, 2, st);
-  using out = matmul(pg, ve, st);
-  return reshape(out, [B, HQ, 1, v.shape[3]!], st);
+  using sc = reshape(live, HQ === HKV ? [B, HQ, 1, T] : [B, HKV, HQ / HKV, 1, T], st);
+  return composed_attention(sc, v, st);
 }
 
 /**

@@ -31,19 +31,32 @@ export function sdpa_unit_scale(q: MlxArray, k: MlxArray, v: MlxArray, scale: nu
   const hq = q.shape[1]!;
   const hkv = k.shape[1]!;
   if (hkv < 1 || hq % hkv !== 0 || v.shape[1] !== hkv || k.shape[3] !== q.shape[3] || !mlxComposes(q, v, stream)) return null;
-  const rep = hq / hkv;
+  using scores = composed_scores(q, k, stream);
+  return composed_attention(scores, v, stream);
+}
+
+/**
+ * q @ kᵀ as MLX's fallback issues it (scale 1): [B, Hq, L, T], or for grouped queries (unflatten q,
+ * expand_dims k) [B, Hkv, Hq / Hkv, L, T]. Shared with sdpa-decode.ts's reference.
+ */
+export function composed_scores(q: MlxArray, k: MlxArray, stream?: Stream): MlxArray {
+  const hkv = k.shape[1]!;
+  const rep = q.shape[1]! / hkv;
   if (rep === 1) {
     using kt = swapaxes(k, -1, -2, stream);
-    using scores = matmul(q, kt, stream);
-    using p = softmax(scores, [-1], { precise: true, stream });
-    return matmul(p, v, stream);
+    return matmul(q, kt, stream);
   }
   using qg = unflatten(q, 1, [hkv, rep], stream);
   using ke = expand_dims(k, 2, stream);
-  using ve = expand_dims(v, 2, stream);
   using kt = swapaxes(ke, -1, -2, stream);
-  using scores = matmul(qg, kt, stream);
+  return matmul(qg, kt, stream);
+}
+
+/** The rest of the fallback on `composed_scores`' output: precise softmax, @ v, and for grouped queries the flatten back to [B, Hq, L, D]. */
+export function composed_attention(scores: MlxArray, v: MlxArray, stream?: Stream): MlxArray {
   using p = softmax(scores, [-1], { precise: true, stream });
+  if (scores.ndim === 4) return matmul(p, v, stream);
+  using ve = expand_dims(v, 2, stream);
   using out = matmul(p, ve, stream);
   return flatten(out, 1, 2, stream);
 }
