@@ -623,11 +623,15 @@ def check_qmv_exact(k, emulate):
 
 # ----------------------------------------------------------------------------- decode attention at MLX's rounding points
 # packages/mlx-ops/src/kernels/sdpa-decode.ts: q·kᵀ rounded to the dtype, then the precise softmax
-# (rounded) · v, as MLX composes attention for heads over 128 on CUDA. The float32 sums run in
-# another order than MLX's (cuBLAS's on a GPU, MLX's CPU matmul emulated), so a value may move by
-# one unit in the last place: each output must be within one such unit of MLX's, and the share of
-# values that differ at all at most SDPA_DECODE_MAX_DIFFERING (all-float32 attention, which skips the
-# two roundings, differs in about 45% of bf16 outputs, and in 16% with the scores' rounding alone).
+# (rounded) · v, at the rounding points of MLX's composition of attention for heads over 128. The
+# reference is that composition with each product summed in float32 on the CPU and rounded once (the
+# kernels' float32 sums run in another order, so a value may move by one unit in the last place):
+# each output within one such unit, and the share of values that differ at all at most
+# SDPA_DECODE_MAX_DIFFERING (all-float32 attention, which skips the two roundings, differs in about
+# 45% of bf16 outputs, and in 16% with the scores' rounding alone). MLX's own composition on a GPU is
+# reported beside it, not gated: where one batch row has one KV head it multiplies the query heads as
+# one matrix and cuBLAS may add split parts in the dtype (16% of values differ there; elsewhere
+# ~0.01-0.1%, float32 order; tools/kernels/sdpa_decode_sweep.py, docs/custom-kernels.md).
 SDPA_DECODE_MAX_KEYS = 1024
 SDPA_DECODE_MAX_DIFFERING = 0.02
 # (B, Hq, Hkv, D, T, dtype): the 12B's sliding and full layers, the 1B's full layer at the key limit,
@@ -638,13 +642,16 @@ SDPA_DECODE_SHAPES = [(1, 16, 8, 256, 77, mx.bfloat16), (1, 16, 1, 512, 100, mx.
                       (1, 2, 1, 512, 1, mx.bfloat16), (2, 16, 2, 256, 513, mx.bfloat16)]
 
 
-def ulp_compare(label, out, ref, dt):
+def ulp_compare(label, out, ref, dt, gate=True):
     """Within one unit in the last place of dt (relative 2^-7 bf16, 2^-10 fp16), and few values differing."""
     rel = {mx.bfloat16: 2**-7, mx.float16: 2**-10}[dt]
     o, r = out.astype(mx.float32), ref.astype(mx.float32)
+    differing = mx.mean((o != r).astype(mx.float32)).item()
+    if not gate:
+        print(f"{label}: {differing:.2%} of values differ (reported, not checked)", flush=True)
+        return True
     tiny = {mx.bfloat16: 1e-38, mx.float16: 6e-8}[dt]
     ok = compare(label, out, ref, tiny, rel)
-    differing = mx.mean((o != r).astype(mx.float32)).item()
     print(f"{label}: {differing:.2%} of values differ (at most {SDPA_DECODE_MAX_DIFFERING:.0%})", flush=True)
     return ok and differing <= SDPA_DECODE_MAX_DIFFERING
 
@@ -662,20 +669,31 @@ def check_sdpa_decode(ks, kv, emulate):
         s = ks(inputs=[q, kf], template=tmpl, grid=(SDPA_DECODE_MAX_KEYS // 32 * 256, b * hkv, 1), threadgroup=(256, 1, 1),
                output_shapes=[(b, hq, SDPA_DECODE_MAX_KEYS)], output_dtypes=[dt])[0]
         s = s[:, :, :t]
-        ref = mx.fast.scaled_dot_product_attention(q, kf.mx, vf.mx, scale=1.0)
-        # MLX's composition, step by step (GQA as fast.cpp's fallback: q [B, Hkv, rep, 1, D]).
+        # MLX's composition, step by step (GQA as fast.cpp's fallback: q [B, Hkv, rep, 1, D]), and the
+        # same products summed in float32 on the CPU, rounded once.
         qg = q.reshape(b, hkv, hq // hkv, 1, d)
-        s_ref = (qg @ mx.expand_dims(kf.mx, 2).swapaxes(-1, -2)).reshape(b, hq, t)
-        ok = ulp_compare(f"mlxb_sdpa_decode_scores {label} (MLX's matmul)", s, s_ref, dt) and ok
+        ke = mx.expand_dims(kf.mx, 2).swapaxes(-1, -2)
+        s_mlx = (qg @ ke).reshape(b, hq, t)
+        with mx.stream(mx.cpu):
+            s_ref = (qg.astype(mx.float32) @ ke.astype(mx.float32)).reshape(b, hq, t).astype(dt)
+        ok = ulp_compare(f"mlxb_sdpa_decode_scores {label} (q·kᵀ, float32, rounded)", s, s_ref, dt) and ok
+        if not emulate:
+            ulp_compare(f"mlxb_sdpa_decode_scores {label} (MLX's matmul)", s, s_mlx, dt, gate=False)
         vtmpl = [("T", dt), ("DV", d), ("REP", hq // hkv), ("WARPS", 8), ("CHUNK", 64)]
-        s_pad = mx.pad(s_ref, [(0, 0), (0, 0), (0, SDPA_DECODE_MAX_KEYS - t)])
         launch = dict(template=vtmpl, grid=(d // 64 * 256, b * hq, 1), threadgroup=(256, 1, 1), output_shapes=[(b, hq, 1, d)], output_dtypes=[dt])
-        o = kv(inputs=[s_pad, vf], **launch)[0]
+        o = kv(inputs=[mx.pad(s_ref, [(0, 0), (0, 0), (0, SDPA_DECODE_MAX_KEYS - t)]), vf], **launch)[0]
+        # MLX's precise softmax (on this device) of the same scores, then p·v in float32 on the CPU, rounded once.
         p = mx.softmax(s_ref, axis=-1, precise=True).reshape(b, hkv, hq // hkv, 1, t)
-        o_ref = (p @ mx.expand_dims(vf.mx, 2)).reshape(b, hq, 1, d)
-        ok = ulp_compare(f"mlxb_sdpa_decode_values {label} (MLX's softmax and matmul on the same scores)", o, o_ref, dt) and ok
-        e2e = kv(inputs=[mx.pad(s, [(0, 0), (0, 0), (0, SDPA_DECODE_MAX_KEYS - t)]), vf], **launch)[0]
-        ok = ulp_compare(f"mlxb_sdpa_decode end to end {label} (MLX's scaled_dot_product_attention)", e2e, ref, dt) and ok
+        ve = mx.expand_dims(vf.mx, 2)
+        with mx.stream(mx.cpu):
+            o_ref = (p.astype(mx.float32) @ ve.astype(mx.float32)).reshape(b, hq, 1, d).astype(dt)
+        ok = ulp_compare(f"mlxb_sdpa_decode_values {label} (MLX's softmax, p·v float32, rounded)", o, o_ref, dt) and ok
+        if not emulate:
+            o_mlx = (p @ ve).reshape(b, hq, 1, d)
+            ulp_compare(f"mlxb_sdpa_decode_values {label} (MLX's softmax and matmul)", o, o_mlx, dt, gate=False)
+            e2e = kv(inputs=[mx.pad(s, [(0, 0), (0, 0), (0, SDPA_DECODE_MAX_KEYS - t)]), vf], **launch)[0]
+            ref = mx.fast.scaled_dot_product_attention(q, kf.mx, vf.mx, scale=1.0)
+            ulp_compare(f"mlxb_sdpa_decode end to end {label} (MLX's scaled_dot_product_attention)", e2e, ref, dt, gate=False)
     return ok
 
 

@@ -7,11 +7,13 @@
 # Steps (STEPS; each is skipped when less than its budget is left before DEADLINE, in seconds
 # from this script's own start: run-h200.sh spends ~30 s before it):
 #   check    check_cuda_kernels.py --only ${CHECK_ONLY:-mlxb_qmv} (NVRTC + every case against the reference)
+#   sweep    sdpa_decode_sweep.py: the decode attention kernels against MLX's composition over 256 shapes
 #   bench    tools/kernels/bench_qmv.py [--sweep with SWEEP=1]: µs and GB/s per shape, ours vs MLX
 #   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)
 #   ncu12b / ncu1b   one decode step per path under ncu (tools/bench/device/decode-step-profile.ts --ncu;
 #                    NCU_FAST=auto: MLX's kernels against the defaults, else MLX's op against the qmv kernel)
-#   host     decode-step-profile.ts --host for the 12B and the 1B (build / encode / wait per step; NCU_FAST as for ncu12b)
+#   host     decode-step-profile.ts --host for the 12B and the 1B (build / encode / wait per step; NCU_FAST as for ncu12b;
+#            HOST_PROF=µs: one path, HOST_ONLY (default fast), under Bun's profiler at that interval, Markdown in $OUT)
 #   decode12b / decode1b   tools/bench/device/qmv-decode.ts: KL + tok/s exact / fast / mlx-lm (REPS, default 5;
 #                          QMV_DECODE_ARGS="--ab fused" compares fused projections off / on instead)
 # The 12B-shaped checkpoint (tools/bench/device/make_12b_model.py) is written in the background at
@@ -54,6 +56,11 @@ for s in $STEPS; do
       log "check_cuda_kernels.py --only ${CHECK_ONLY:-mlxb_qmv}"
       timeout "$(left "${CHECK_S:-170}")" "$PY" tools/kernels/check_cuda_kernels.py /tmp/kernel-sources.json --only "${CHECK_ONLY:-mlxb_qmv}" 2>&1 | tail -40
       ;;
+    sweep)
+      fits 60 || continue
+      log "sdpa_decode_sweep.py"
+      (cd tools/kernels && timeout "$(left 150)" "$PY" sdpa_decode_sweep.py /tmp/kernel-sources.json 2>&1 | tee "$OUT/sdpa-decode-sweep.log" | tail -3)
+      ;;
     bench)
       fits 60 || continue
       wait12 >/dev/null  # not while the 12B checkpoint is drawn on the same GPU
@@ -82,7 +89,11 @@ for s in $STEPS; do
         fits 50 || continue
         [ "$m" = "$M12" ] && { wait12 || continue; }
         log "decode-step-profile.ts --host $m"
-        timeout "$(left 120)" $B tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens "${HOST_TOKENS:-48}" --reps "${HOST_REPS:-2}" ${NCU_FAST:+--fast $NCU_FAST} 2>&1 | tail -3
+        # HOST_PROF=µs: one path (HOST_ONLY, default fast) under Bun's sampling profiler, its Markdown summary in $OUT.
+        prof=()
+        [ -n "${HOST_PROF:-}" ] && prof=(--cpu-prof --cpu-prof-md --cpu-prof-interval="$HOST_PROF" --cpu-prof-dir="$OUT/cpuprof-$(basename "$m")-${HOST_ONLY:-fast}")
+        timeout "$(left 120)" $B "${prof[@]}" tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens "${HOST_TOKENS:-48}" --reps "${HOST_REPS:-2}" \
+          ${NCU_FAST:+--fast $NCU_FAST} ${HOST_PROF:+--only ${HOST_ONLY:-fast}} 2>&1 | tail -3
       done
       ;;
     decode12b | decode1b)

@@ -7,6 +7,8 @@
 //     the defaults, MLX_BUN_FAST_QMV and MLX_BUN_EXACT_NORMS auto): an unpipelined step split
 //     into graph build / asyncEval call (MLX encodes the kernels there) / wait for the token, and
 //     Engine.generate (background evaluation) ms per token; paths interleaved per repetition.
+//     --only exact|fast: that path alone (for a JavaScript profile of one path's build:
+//     bun --cpu-prof --cpu-prof-md ... --host --only fast).
 //   ncu --profile-from-start off ... .native/bin/bun tools/bench/device/decode-step-profile.ts --model DIR --ncu
 //     warms both paths up (MLX JIT-compiles its kernels on first use), then between
 //     cuProfilerStart/Stop (the driver's: MLX links the CUDA runtime statically): one exact step, a
@@ -46,6 +48,10 @@ const FAST = arg("fast", "on");
 if (FAST !== "on" && FAST !== "exact" && FAST !== "auto") throw new Error(`--fast must be on, exact or auto, got ${FAST}`);
 const PATHS = { exact: "off", fast: FAST } as const;
 type PathName = keyof typeof PATHS;
+const ONLY = arg("only", "");
+if (ONLY && !(ONLY in PATHS)) throw new Error(`--only must be exact or fast, got ${ONLY}`);
+/** The host mode's paths: both, or the one --only names. */
+const HOST_PATHS = (ONLY ? [ONLY] : ["exact", "fast"]) as PathName[];
 // --fast auto: MLX's kernels (matvec and norms off) against the defaults (both auto), as qmv-decode.ts --ab exact-auto.
 const NORMS = FAST === "auto" ? ({ exact: "off", fast: "auto" } as const) : null;
 const use = (p: PathName) => {
@@ -90,7 +96,7 @@ if (has("ncu")) {
   done(s);
 } else {
   // Warm-up of both paths (JIT), then REPS interleaved repetitions.
-  for (const p of ["exact", "fast"] as PathName[]) {
+  for (const p of HOST_PATHS) {
     use(p);
     const s = prefilled();
     unpipelined(s, 4);
@@ -99,7 +105,7 @@ if (has("ncu")) {
   }
   const out: Record<string, { unpipelined: ReturnType<typeof unpipelined>[]; generate_ms: number[] }> = {};
   for (let r = 0; r < REPS; r++) {
-    const order: PathName[] = r % 2 ? ["fast", "exact"] : ["exact", "fast"];
+    const order = r % 2 ? HOST_PATHS.toReversed() : HOST_PATHS;
     for (const p of order) {
       use(p);
       const o = (out[p] ??= { unpipelined: [], generate_ms: [] });
