@@ -1,9 +1,10 @@
 // Per-op overhead of mlx-bun vs MLX Python: microseconds per call of a tiny `add` of two
-// 1-element arrays, (a) building the lazy graph and disposing it, (b) also evaluating it.
+// 1-element arrays, (a) building the lazy graph and disposing it, (b) also reading the new
+// array's shape (as model code does with most op outputs), (c) also evaluating it.
 // Python runs as a persistent twin (op_overhead.py --serve); batches alternate between the two
 // (TS graph, Py graph, TS eval, Py eval, ...) so machine drift hits both alike.
 //
-//   .native/bin/bun tools/bench/op-overhead.ts [--reps 15] [--graph-n 20000] [--eval-n 5000]
+//   .native/bin/bun tools/bench/op-overhead.ts [--reps 15] [--graph-n 20000] [--shape-n 20000] [--eval-n 5000]
 import { fileURLToPath } from "node:url";
 import { MlxArray } from "@mlx-bun/mlx-ffi";
 import * as mx from "@mlx-bun/mlx-ops";
@@ -15,7 +16,7 @@ const arg = (name: string, def: number): number => {
   return i >= 0 ? Number(process.argv[i + 1]) : def;
 };
 const REPS = arg("reps", 15);
-const N = { graph: arg("graph-n", 20000), eval: arg("eval-n", 5000) } as const;
+const N = { graph: arg("graph-n", 20000), shape: arg("shape-n", 20000), eval: arg("eval-n", 5000) } as const;
 type Variant = keyof typeof N;
 
 const a = MlxArray.fromNumbers([1], [1]).eval();
@@ -28,6 +29,17 @@ const ts: Record<Variant, (n: number) => number> = {
       const c = mx.add(a, b);
       c.dispose();
     }
+    return ((performance.now() - t) * 1e3) / n;
+  },
+  shape(n) {
+    const t = performance.now();
+    let d = 0;
+    for (let i = 0; i < n; i++) {
+      const c = mx.add(a, b);
+      d += c.shape[0]!;
+      c.dispose();
+    }
+    if (d !== n) throw new Error("shape variant: unexpected shape");
     return ((performance.now() - t) * 1e3) / n;
   },
   eval(n) {
@@ -69,8 +81,8 @@ async function pyRun(v: Variant, n: number): Promise<number> {
 }
 
 if ((await readLine()) !== "ready") throw new Error("python twin did not start");
-const results: Record<"ts" | "py", Record<Variant, number[]>> = { ts: { graph: [], eval: [] }, py: { graph: [], eval: [] } };
-const variants: Variant[] = ["graph", "eval"];
+const results: Record<"ts" | "py", Record<Variant, number[]>> = { ts: { graph: [], shape: [], eval: [] }, py: { graph: [], shape: [], eval: [] } };
+const variants: Variant[] = ["graph", "shape", "eval"];
 for (const v of variants) {
   ts[v](N[v]); // warm-up (JIT, allocator, FFI bindings)
   await pyRun(v, N[v]);
@@ -85,7 +97,7 @@ py.stdin.end();
 await py.exited;
 
 const f = (x: number): string => x.toFixed(3).padStart(8);
-console.log(`op overhead: add of two 1-element float32 arrays, ${REPS} interleaved reps (graph n=${N.graph}, eval n=${N.eval}), us/call`);
+console.log(`op overhead: add of two 1-element float32 arrays, ${REPS} interleaved reps (graph n=${N.graph}, shape n=${N.shape}, eval n=${N.eval}), us/call`);
 console.log(`${"variant".padEnd(8)} ${"impl".padEnd(9)} ${"min".padStart(8)} ${"median".padStart(8)} ${"max".padStart(8)}`);
 for (const v of variants) {
   for (const impl of ["ts", "py"] as const) {

@@ -6,7 +6,7 @@ Usage:
                                    # answers one line with the microseconds per call
 
 Variants: "graph" builds the lazy add of two 1-element arrays and drops it;
-"eval" also evaluates it.
+"shape" also reads the new array's shape; "eval" also evaluates it.
 """
 import statistics
 import sys
@@ -28,6 +28,18 @@ def graph(n: int) -> float:
     return (time.perf_counter_ns() - t) / n / 1e3
 
 
+def shaped(n: int) -> float:
+    add = mx.add
+    d = 0
+    t = time.perf_counter_ns()
+    for _ in range(n):
+        c = add(a, b)
+        d += c.shape[0]
+        del c
+    assert d == n
+    return (time.perf_counter_ns() - t) / n / 1e3
+
+
 def evaluated(n: int) -> float:
     add, ev = mx.add, mx.eval
     t = time.perf_counter_ns()
@@ -38,7 +50,7 @@ def evaluated(n: int) -> float:
     return (time.perf_counter_ns() - t) / n / 1e3
 
 
-VARIANTS = {"graph": graph, "eval": evaluated}
+VARIANTS = {"graph": graph, "shape": shaped, "eval": evaluated}
 
 
 def main() -> None:
@@ -49,7 +61,7 @@ def main() -> None:
             print(f"{VARIANTS[name](int(n)):.4f}", flush=True)
         return
     for name, fn in VARIANTS.items():
-        n = 20000 if name == "graph" else 5000
+        n = 5000 if name == "eval" else 20000
         fn(n)
         xs = [fn(n) for _ in range(15)]
         print(f"{name}: min {min(xs):.3f} median {statistics.median(xs):.3f} max {max(xs):.3f} us/call")

@@ -177,7 +177,7 @@ export const relu = unary("relu");
 /** mx.round to `decimals` places (half to even). */
 export function round(a: MlxArray, decimals = 0, s?: Stream): MlxArray {
   intArg("round", "decimals", decimals);
-  return result("round", lib().mlxb_round(a.handle, decimals, sh(s)), [a, `decimals=${decimals}`]);
+  return result("round", lib().mlxb_round(a.handle, decimals, sh(s)), [a, () => `decimals=${decimals}`]);
 }
 
 /** mx.astype */

@@ -14,7 +14,7 @@ const lib = bindOps({
 
 /** mx.fast.rms_norm over the last axis; `weight` (shape [D]) is optional. */
 function rms_norm(x: MlxArray, weight: MlxArray | null | undefined, eps: number, s?: Stream): MlxArray {
-  return result("fast.rms_norm", lib().mlxb_fast_rms_norm(x.handle, weight?.handle ?? null, eps, sh(s)), [x, weight ?? "weight=None", `eps=${eps}`]);
+  return result("fast.rms_norm", lib().mlxb_fast_rms_norm(x.handle, weight?.handle ?? null, eps, sh(s)), [x, weight ?? "weight=None", () => `eps=${eps}`]);
 }
 
 /** mx.fast.layer_norm over the last axis; weight and bias (shape [D]) are optional. */
@@ -23,7 +23,7 @@ function layer_norm(x: MlxArray, weight: MlxArray | null | undefined, bias: MlxA
     x,
     weight ?? "weight=None",
     bias ?? "bias=None",
-    `eps=${eps}`,
+    () => `eps=${eps}`,
   ]);
 }
 
@@ -48,7 +48,7 @@ function rope(x: MlxArray, dims: number, opts: RopeOptions): MlxArray {
     throw new MlxError(`fast.rope(${x.describe()}, dims=${dims}): give exactly one of base and freqs`);
   }
   if (!Number.isInteger(dims)) throw new MlxError(`fast.rope(${x.describe()}): dims must be an integer, got ${dims}`);
-  const desc = [x, `dims=${dims}`, `traditional=${traditional}`, base === undefined ? freqs! : `base=${base}`, `scale=${scale}`];
+  const desc = [x, () => `dims=${dims}`, () => `traditional=${traditional}`, base === undefined ? freqs! : () => `base=${base}`, () => `scale=${scale}`];
   const hasBase = base === undefined ? 0 : 1;
   const l = lib();
   if (offset instanceof MlxArray) {
@@ -61,7 +61,7 @@ function rope(x: MlxArray, dims: number, opts: RopeOptions): MlxArray {
   if (!Number.isInteger(offset)) throw new MlxError(`fast.rope(${x.describe()}): offset must be an integer, got ${offset}`);
   return result("fast.rope", l.mlxb_fast_rope(x.handle, dims, traditional ? 1 : 0, hasBase, base ?? 0, scale, offset, freqs?.handle ?? null, sh(opts.stream)), [
     ...desc,
-    `offset=${offset}`,
+    () => `offset=${offset}`,
   ]);
 }
 
@@ -90,7 +90,7 @@ function scaled_dot_product_attention(q: MlxArray, k: MlxArray, v: MlxArray, opt
   return result(
     "fast.scaled_dot_product_attention",
     lib().mlxb_fast_sdpa(q.handle, k.handle, v.handle, scale, mode, mask instanceof MlxArray ? mask.handle : null, sinks?.handle ?? null, sh(opts.stream)),
-    [q, k, v, `scale=${scale}`, mask instanceof MlxArray ? mask : `mask=${mask ?? "None"}`, ...(sinks ? [sinks] : [])],
+    [q, k, v, () => `scale=${scale}`, mask instanceof MlxArray ? mask : () => `mask=${mask ?? "None"}`, ...(sinks ? [sinks] : [])],
   );
 }
 

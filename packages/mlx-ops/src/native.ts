@@ -29,13 +29,22 @@ export function sh(s: Stream | undefined): Pointer | null {
   return s ? s.handle : null;
 }
 
+/** An argument of an error context, formatted only when the op fails: arrays by shape, lists as "[2, 3]", thunks called. */
+function describeArg(x: unknown): string {
+  if (x instanceof MlxArray) return x.describe();
+  if (typeof x === "function") return String(x());
+  if (Array.isArray(x)) return `[${x.map(String).join(", ")}]`;
+  return String(x);
+}
+
 /**
  * Wrap the handle an op returned. On failure the error reads
- * `op(array(shape=[2, 3], dtype=float32), ...): <MLX message>`.
+ * `op(array(shape=[2, 3], dtype=float32), ...): <MLX message>`. Callers pass raw lists and thunks,
+ * not formatted strings: the context is built on every call and read only on failure.
  */
 export function result(op: string, h: Pointer | bigint | null, inputs: readonly unknown[]): MlxArray {
   return MlxArray.fromHandle(
-    checkHandle(h, op, () => inputs.map((x) => (x instanceof MlxArray ? x.describe() : String(x))).join(", ")),
+    checkHandle(h, op, () => inputs.map(describeArg).join(", ")),
     op,
   );
 }

@@ -159,7 +159,7 @@ export function dequantize(w: MlxArray, scales: MlxArray, biases: MlxArray | und
       opts.dtype === undefined ? -1 : dtypeCode(opts.dtype),
       sh(opts.stream),
     ),
-    [w, scales, biases ?? "biases=None", `group_size=${opts.group_size ?? "default"}`, `bits=${opts.bits ?? "default"}`, `mode=${mode}`],
+    [w, scales, biases ?? "biases=None", () => `group_size=${opts.group_size ?? "default"}`, () => `bits=${opts.bits ?? "default"}`, () => `mode=${mode}`],
   );
 }
 
@@ -189,7 +189,15 @@ export function quantized_matmul(x: MlxArray, w: MlxArray, scales: MlxArray, bia
       modeCode("quantized_matmul", mode),
       sh(opts.stream),
     ),
-    [x, w, scales, biases ?? "biases=None", `transpose=${transpose}`, `group_size=${opts.group_size ?? "default"}`, `bits=${opts.bits ?? "default"}`],
+    [
+      x,
+      w,
+      scales,
+      biases ?? "biases=None",
+      () => `transpose=${transpose}`,
+      () => `group_size=${opts.group_size ?? "default"}`,
+      () => `bits=${opts.bits ?? "default"}`,
+    ],
   );
 }
 
@@ -230,7 +238,7 @@ export function gather_qmm(
       opts.sorted_indices ? 1 : 0,
       sh(opts.stream),
     ),
-    [x, w, scales, biases ?? "biases=None", opts.lhs_indices ?? "lhs=None", opts.rhs_indices ?? "rhs=None", `transpose=${transpose}`],
+    [x, w, scales, biases ?? "biases=None", opts.lhs_indices ?? "lhs=None", opts.rhs_indices ?? "rhs=None", () => `transpose=${transpose}`],
   );
 }
 

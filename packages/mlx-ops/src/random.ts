@@ -83,7 +83,7 @@ export function uniform(low: ArrayOrScalar = 0, high: ArrayOrScalar = 1, shape: 
     result("random.uniform", lib().mlxb_random_uniform(l.handle, h.handle, p, n, dtypeCode(dtype), opts.key?.handle ?? null, sh(opts.stream)), [
       l,
       h,
-      fmt(shape),
+      shape,
       dtype,
     ]),
   );
@@ -98,7 +98,7 @@ export function normal(shape: readonly number[] = [], opts: NormalOptions = {}):
   const [p, n] = shapeArg("random.normal", shape);
   const dtype = opts.dtype ?? "float32";
   return result("random.normal", lib().mlxb_random_normal(p, n, dtypeCode(dtype), opts.loc ?? 0, opts.scale ?? 1, opts.key?.handle ?? null, sh(opts.stream)), [
-    fmt(shape),
+    shape,
     dtype,
   ]);
 }
@@ -111,7 +111,7 @@ export function randint(low: ArrayOrScalar, high: ArrayOrScalar, shape: readonly
     result("random.randint", lib().mlxb_random_randint(l.handle, h.handle, p, n, dtypeCode(dtype), opts.key?.handle ?? null, sh(opts.stream)), [
       l,
       h,
-      fmt(shape),
+      shape,
       dtype,
     ]),
   );
@@ -123,10 +123,7 @@ export function bernoulli(p: ArrayOrScalar = 0.5, shape?: readonly number[], opt
   const temps: MlxArray[] = [];
   try {
     const pa = bound(p, temps);
-    return result("random.bernoulli", lib().mlxb_random_bernoulli(pa.handle, sp, n, opts.key?.handle ?? null, sh(opts.stream)), [
-      pa,
-      shape ? fmt(shape) : "None",
-    ]);
+    return result("random.bernoulli", lib().mlxb_random_bernoulli(pa.handle, sp, n, opts.key?.handle ?? null, sh(opts.stream)), [pa, shape ?? "None"]);
   } finally {
     for (const t of temps) t.dispose();
   }
@@ -140,7 +137,7 @@ export function truncated_normal(lower: ArrayOrScalar, upper: ArrayOrScalar, sha
     result(
       "random.truncated_normal",
       lib().mlxb_random_truncated_normal(l.handle, u.handle, sp, n, dtypeCode(dtype), opts.key?.handle ?? null, sh(opts.stream)),
-      [l, u, shape ? fmt(shape) : "None", dtype],
+      [l, u, shape ?? "None", dtype],
     ),
   );
 }
@@ -149,7 +146,7 @@ export function truncated_normal(lower: ArrayOrScalar, upper: ArrayOrScalar, sha
 export function gumbel(shape: readonly number[] = [], opts: DtypeRandomOptions = {}): MlxArray {
   const [p, n] = shapeArg("random.gumbel", shape);
   const dtype = opts.dtype ?? "float32";
-  return result("random.gumbel", lib().mlxb_random_gumbel(p, n, dtypeCode(dtype), opts.key?.handle ?? null, sh(opts.stream)), [fmt(shape), dtype]);
+  return result("random.gumbel", lib().mlxb_random_gumbel(p, n, dtypeCode(dtype), opts.key?.handle ?? null, sh(opts.stream)), [shape, dtype]);
 }
 
 /** mx.random.laplace (default float32, loc 0, scale 1). */
@@ -159,7 +156,7 @@ export function laplace(shape: readonly number[] = [], opts: NormalOptions = {})
   return result(
     "random.laplace",
     lib().mlxb_random_laplace(p, n, dtypeCode(dtype), opts.loc ?? 0, opts.scale ?? 1, opts.key?.handle ?? null, sh(opts.stream)),
-    [fmt(shape), dtype],
+    [shape, dtype],
   );
 }
 

@@ -47,7 +47,7 @@ function reduction(name: ReduceName) {
   const sym = `mlxb_${name}` as const;
   return (a: MlxArray, axes?: Axes, opts: ReduceOptions = {}): MlxArray => {
     const [p, n] = axesArg(name, axes);
-    return result(name, lib()[sym](a.handle, p, n, opts.keepdims ? 1 : 0, sh(opts.stream)), [a, `axis=${String(axes)}`]);
+    return result(name, lib()[sym](a.handle, p, n, opts.keepdims ? 1 : 0, sh(opts.stream)), [a, () => `axis=${String(axes)}`]);
   };
 }
 
@@ -70,7 +70,7 @@ function ddofReduction(name: "var" | "std") {
   return (a: MlxArray, axes?: Axes, opts: VarOptions = {}): MlxArray => {
     const [p, n] = axesArg(name, axes);
     const d = intArg(name, "ddof", opts.ddof ?? 0);
-    return result(name, lib()[sym](a.handle, p, n, opts.keepdims ? 1 : 0, d, sh(opts.stream)), [a, `axis=${String(axes)}`, `ddof=${d}`]);
+    return result(name, lib()[sym](a.handle, p, n, opts.keepdims ? 1 : 0, d, sh(opts.stream)), [a, () => `axis=${String(axes)}`, () => `ddof=${d}`]);
   };
 }
 /** mx.var */
@@ -90,7 +90,7 @@ function argReduction(name: "argmax" | "argmin") {
   const sym = `mlxb_${name}` as const;
   return (a: MlxArray, axis?: number, opts: ReduceOptions = {}): MlxArray => {
     const [ax, flat] = oneAxis(name, axis);
-    return result(name, lib()[sym](a.handle, ax, flat, opts.keepdims ? 1 : 0, sh(opts.stream)), [a, `axis=${String(axis)}`]);
+    return result(name, lib()[sym](a.handle, ax, flat, opts.keepdims ? 1 : 0, sh(opts.stream)), [a, () => `axis=${String(axis)}`]);
   };
 }
 /** mx.argmax (uint32 indices); over the flattened array when `axis` is omitted. */
@@ -105,7 +105,7 @@ export interface SoftmaxOptions {
 /** mx.softmax over `axes` (all when omitted). */
 export function softmax(a: MlxArray, axes?: Axes, opts: SoftmaxOptions = {}): MlxArray {
   const [p, n] = axesArg("softmax", axes);
-  return result("softmax", lib().mlxb_softmax(a.handle, p, n, opts.precise ? 1 : 0, sh(opts.stream)), [a, `axis=${String(axes)}`]);
+  return result("softmax", lib().mlxb_softmax(a.handle, p, n, opts.precise ? 1 : 0, sh(opts.stream)), [a, () => `axis=${String(axes)}`]);
 }
 
 export interface ScanOptions {
@@ -119,7 +119,10 @@ function scanOp(name: ScanName) {
   const sym = `mlxb_${name}` as const;
   return (a: MlxArray, axis?: number | null, opts: ScanOptions = {}): MlxArray => {
     const [ax, flat] = oneAxis(name, axis);
-    return result(name, lib()[sym](a.handle, ax, flat, opts.reverse ? 1 : 0, opts.inclusive === false ? 0 : 1, sh(opts.stream)), [a, `axis=${String(axis)}`]);
+    return result(name, lib()[sym](a.handle, ax, flat, opts.reverse ? 1 : 0, opts.inclusive === false ? 0 : 1, sh(opts.stream)), [
+      a,
+      () => `axis=${String(axis)}`,
+    ]);
   };
 }
 /** mx.cumsum along `axis` (the flattened array when omitted or null). */
@@ -137,13 +140,13 @@ function sortAxis(op: string, axis: number | null): [number, number] {
 /** mx.sort (stable; NaN last) along `axis` (default -1; null: flattened). */
 export function sort(a: MlxArray, axis: number | null = -1, s?: Stream): MlxArray {
   const [ax, flat] = sortAxis("sort", axis);
-  return result("sort", lib().mlxb_sort(a.handle, ax, flat, sh(s)), [a, `axis=${String(axis)}`]);
+  return result("sort", lib().mlxb_sort(a.handle, ax, flat, sh(s)), [a, () => `axis=${String(axis)}`]);
 }
 
 /** mx.argsort (uint32 indices). */
 export function argsort(a: MlxArray, axis: number | null = -1, s?: Stream): MlxArray {
   const [ax, flat] = sortAxis("argsort", axis);
-  return result("argsort", lib().mlxb_argsort(a.handle, ax, flat, sh(s)), [a, `axis=${String(axis)}`]);
+  return result("argsort", lib().mlxb_argsort(a.handle, ax, flat, sh(s)), [a, () => `axis=${String(axis)}`]);
 }
 
 function kOp(name: "partition" | "argpartition" | "topk", argName: string) {
@@ -151,7 +154,7 @@ function kOp(name: "partition" | "argpartition" | "topk", argName: string) {
   return (a: MlxArray, k: number, axis: number | null = -1, s?: Stream): MlxArray => {
     intArg(name, argName, k);
     const [ax, flat] = sortAxis(name, axis);
-    return result(name, lib()[sym](a.handle, k, ax, flat, sh(s)), [a, `${argName}=${k}`, `axis=${String(axis)}`]);
+    return result(name, lib()[sym](a.handle, k, ax, flat, sh(s)), [a, () => `${argName}=${k}`, () => `axis=${String(axis)}`]);
   };
 }
 /** mx.partition: the kth element in its sorted place, smaller before, larger after. */

@@ -41,13 +41,13 @@ const lib = bindOps({
 export function reshape(a: MlxArray, shape: readonly number[], s?: Stream): MlxArray {
   for (const d of shape) if (!Number.isInteger(d) || d < -1) throw new MlxError(`reshape: invalid shape ${fmt(shape)}`);
   const [p, n] = intsArg("reshape", "shape", shape);
-  return result("reshape", lib().mlxb_reshape(a.handle, p, n, sh(s)), [a, fmt(shape)]);
+  return result("reshape", lib().mlxb_reshape(a.handle, p, n, sh(s)), [a, shape]);
 }
 
 /** mx.transpose; reverses the axes when `axes` is omitted. */
 export function transpose(a: MlxArray, axes?: readonly number[], s?: Stream): MlxArray {
   const [p, n] = axes === undefined ? [null, -1] : intsArg("transpose", "axes", axes);
-  return result("transpose", lib().mlxb_transpose(a.handle, p, n, sh(s)), [a, axes ? fmt(axes) : "None"]);
+  return result("transpose", lib().mlxb_transpose(a.handle, p, n, sh(s)), [a, axes ?? "None"]);
 }
 
 export function swapaxes(a: MlxArray, axis1: number, axis2: number, s?: Stream): MlxArray {
@@ -65,17 +65,17 @@ export function moveaxis(a: MlxArray, source: number, destination: number, s?: S
 /** mx.squeeze: drop size-one axes (all of them when `axes` is omitted). */
 export function squeeze(a: MlxArray, axes?: Axes, s?: Stream): MlxArray {
   const [p, n] = axesArg("squeeze", axes);
-  return result("squeeze", lib().mlxb_squeeze(a.handle, p, n, sh(s)), [a, `axis=${String(axes)}`]);
+  return result("squeeze", lib().mlxb_squeeze(a.handle, p, n, sh(s)), [a, () => `axis=${String(axes)}`]);
 }
 
 export function expand_dims(a: MlxArray, axes: number | readonly number[], s?: Stream): MlxArray {
   const [p, n] = intsArg("expand_dims", "axis", typeof axes === "number" ? [axes] : axes);
-  return result("expand_dims", lib().mlxb_expand_dims(a.handle, p, n, sh(s)), [a, `axis=${String(axes)}`]);
+  return result("expand_dims", lib().mlxb_expand_dims(a.handle, p, n, sh(s)), [a, () => `axis=${String(axes)}`]);
 }
 
 export function broadcast_to(a: MlxArray, shape: readonly number[], s?: Stream): MlxArray {
   const [p, n] = shapeArg("broadcast_to", shape);
-  return result("broadcast_to", lib().mlxb_broadcast_to(a.handle, p, n, sh(s)), [a, fmt(shape)]);
+  return result("broadcast_to", lib().mlxb_broadcast_to(a.handle, p, n, sh(s)), [a, shape]);
 }
 
 /** mx.flatten axes start_axis..end_axis (inclusive). */
@@ -89,7 +89,7 @@ export function flatten(a: MlxArray, start_axis = 0, end_axis = -1, s?: Stream):
 export function unflatten(a: MlxArray, axis: number, shape: readonly number[], s?: Stream): MlxArray {
   intArg("unflatten", "axis", axis);
   const [p, n] = intsArg("unflatten", "shape", shape);
-  return result("unflatten", lib().mlxb_unflatten(a.handle, axis, p, n, sh(s)), [a, axis, fmt(shape)]);
+  return result("unflatten", lib().mlxb_unflatten(a.handle, axis, p, n, sh(s)), [a, axis, shape]);
 }
 
 /** mx.contiguous: a row-contiguous copy if needed. */
@@ -109,14 +109,14 @@ export function concatenate(arrays: readonly MlxArray[], axis: number | null = 0
   const hs = arrayList("concatenate", arrays);
   const flat = axis === null ? 1 : 0;
   const ax = axis === null ? 0 : intArg("concatenate", "axis", axis);
-  return result("concatenate", lib().mlxb_concatenate(arrays.length ? hs : null, arrays.length, ax, flat, sh(s)), [...arrays, `axis=${String(axis)}`]);
+  return result("concatenate", lib().mlxb_concatenate(arrays.length ? hs : null, arrays.length, ax, flat, sh(s)), [...arrays, () => `axis=${String(axis)}`]);
 }
 
 /** mx.stack along a new axis. */
 export function stack(arrays: readonly MlxArray[], axis = 0, s?: Stream): MlxArray {
   const hs = arrayList("stack", arrays);
   intArg("stack", "axis", axis);
-  return result("stack", lib().mlxb_stack(arrays.length ? hs : null, arrays.length, axis, sh(s)), [...arrays, `axis=${axis}`]);
+  return result("stack", lib().mlxb_stack(arrays.length ? hs : null, arrays.length, axis, sh(s)), [...arrays, () => `axis=${axis}`]);
 }
 
 /**
@@ -150,8 +150,7 @@ export function slice(a: MlxArray, start: readonly number[] | MlxArray, stopOrAx
     return result("slice", lib().mlxb_slice_dynamic(a.handle, start.handle, pa, na, ps, ns, sh(s)), [
       a,
       start,
-      `axes=${fmt(stopOrAxes)}`,
-      `slice_size=${fmt(third)}`,
+      () => `axes=${fmt(stopOrAxes)}, slice_size=${fmt(third)}`,
     ]);
   }
   const n = start.length;
@@ -162,7 +161,7 @@ export function slice(a: MlxArray, start: readonly number[] | MlxArray, stopOrAx
   const [p0] = intsArg("slice", "start", start);
   const [p1] = intsArg("slice", "stop", stopOrAxes);
   const [p2] = intsArg("slice", "strides", strides);
-  return result("slice", lib().mlxb_slice(a.handle, p0, p1, p2, n, sh(s)), [a, `start=${fmt(start)}`, `stop=${fmt(stopOrAxes)}`, `strides=${fmt(strides)}`]);
+  return result("slice", lib().mlxb_slice(a.handle, p0, p1, p2, n, sh(s)), [a, () => `start=${fmt(start)}, stop=${fmt(stopOrAxes)}, strides=${fmt(strides)}`]);
 }
 
 /**
@@ -194,7 +193,7 @@ export function slice_update(
       src,
       update,
       start,
-      `axes=${fmt(stopOrAxes)}`,
+      () => `axes=${fmt(stopOrAxes)}`,
     ]);
   }
   const n = start.length;
@@ -208,8 +207,7 @@ export function slice_update(
   return result("slice_update", lib().mlxb_slice_update(src.handle, update.handle, p0, p1, p2, n, sh(sixth)), [
     src,
     update,
-    `start=${fmt(start)}`,
-    `stop=${fmt(stopOrAxes)}`,
+    () => `start=${fmt(start)}, stop=${fmt(stopOrAxes)}`,
   ]);
 }
 
@@ -219,16 +217,16 @@ export function take(a: MlxArray, indices: MlxArray | number, axis?: number, s?:
   const ax = axis === undefined ? 0 : intArg("take", "axis", axis);
   if (typeof indices === "number") {
     intArg("take", "index", indices);
-    return result("take", lib().mlxb_take_int(a.handle, indices, ax, flat, sh(s)), [a, indices, `axis=${String(axis)}`]);
+    return result("take", lib().mlxb_take_int(a.handle, indices, ax, flat, sh(s)), [a, indices, () => `axis=${String(axis)}`]);
   }
-  return result("take", lib().mlxb_take(a.handle, indices.handle, ax, flat, sh(s)), [a, indices, `axis=${String(axis)}`]);
+  return result("take", lib().mlxb_take(a.handle, indices.handle, ax, flat, sh(s)), [a, indices, () => `axis=${String(axis)}`]);
 }
 
 /** mx.take_along_axis (axis null: over the flattened arrays). */
 export function take_along_axis(a: MlxArray, indices: MlxArray, axis: number | null, s?: Stream): MlxArray {
   const flat = axis === null ? 1 : 0;
   const ax = axis === null ? 0 : intArg("take_along_axis", "axis", axis);
-  return result("take_along_axis", lib().mlxb_take_along_axis(a.handle, indices.handle, ax, flat, sh(s)), [a, indices, `axis=${String(axis)}`]);
+  return result("take_along_axis", lib().mlxb_take_along_axis(a.handle, indices.handle, ax, flat, sh(s)), [a, indices, () => `axis=${String(axis)}`]);
 }
 
 /** mx.put_along_axis: `a` with `values` written at `indices` along `axis` (null: flattened). */
@@ -237,7 +235,12 @@ export function put_along_axis(a: MlxArray, indices: MlxArray, values: MlxArray 
   const ax = axis === null ? 0 : intArg("put_along_axis", "axis", axis);
   const v = values instanceof MlxArray ? values : MlxArray.scalar(values, scalarDtype(values, a.dtype));
   try {
-    return result("put_along_axis", lib().mlxb_put_along_axis(a.handle, indices.handle, v.handle, ax, flat, sh(s)), [a, indices, v, `axis=${String(axis)}`]);
+    return result("put_along_axis", lib().mlxb_put_along_axis(a.handle, indices.handle, v.handle, ax, flat, sh(s)), [
+      a,
+      indices,
+      v,
+      () => `axis=${String(axis)}`,
+    ]);
   } finally {
     if (v !== values) v.dispose();
   }
@@ -295,21 +298,25 @@ export function repeat(a: MlxArray, repeats: number, axis?: number, s?: Stream):
   intArg("repeat", "repeats", repeats);
   const flat = axis === undefined ? 1 : 0;
   const ax = axis === undefined ? 0 : intArg("repeat", "axis", axis);
-  return result("repeat", lib().mlxb_repeat(a.handle, repeats, ax, flat, sh(s)), [a, repeats, `axis=${String(axis)}`]);
+  return result("repeat", lib().mlxb_repeat(a.handle, repeats, ax, flat, sh(s)), [a, repeats, () => `axis=${String(axis)}`]);
 }
 
 /** mx.tile */
 export function tile(a: MlxArray, reps: number | readonly number[], s?: Stream): MlxArray {
   const list = typeof reps === "number" ? [reps] : reps;
   const [p, n] = intsArg("tile", "reps", list);
-  return result("tile", lib().mlxb_tile(a.handle, p, n, sh(s)), [a, fmt(list)]);
+  return result("tile", lib().mlxb_tile(a.handle, p, n, sh(s)), [a, list]);
 }
 
 /** mx.roll: shift elements along `axis` (of the flattened array when omitted), wrapping around. */
 export function roll(a: MlxArray, shift: number, axis?: number, s?: Stream): MlxArray {
   if (!Number.isInteger(shift)) throw new MlxError(`roll: shift must be an integer, got ${shift}`);
   if (axis !== undefined && !Number.isInteger(axis)) throw new MlxError(`roll: axis must be an integer, got ${axis}`);
-  return result("roll", lib().mlxb_roll(a.handle, shift, axis ?? 0, axis === undefined ? 0 : 1, sh(s)), [a, `shift=${shift}`, `axis=${axis ?? "None"}`]);
+  return result("roll", lib().mlxb_roll(a.handle, shift, axis ?? 0, axis === undefined ? 0 : 1, sh(s)), [
+    a,
+    () => `shift=${shift}`,
+    () => `axis=${axis ?? "None"}`,
+  ]);
 }
 
 // ---------------------------------------------------------------------------
