@@ -12,8 +12,9 @@
 #   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)
 #   ncu12b / ncu1b   one decode step per path under ncu (tools/bench/device/decode-step-profile.ts --ncu;
 #                    NCU_FAST=auto: MLX's kernels against the defaults, else MLX's op against the qmv kernel)
-#   host     decode-step-profile.ts --host for the 12B and the 1B (build / encode / wait per step; NCU_FAST as for ncu12b;
-#            HOST_PROF=µs: one path, HOST_ONLY (default fast), under Bun's profiler at that interval, Markdown in $OUT)
+#   host     decode-step-profile.ts --host for the 1B and the 12B (build / encode / wait per step; NCU_FAST as for ncu12b;
+#            HOST_PROF=µs: one path, HOST_ONLY (default fast), under Bun's profiler at that interval, Markdown in $OUT;
+#            HOST_S: seconds a model may take, default 120, 300 under the profiler)
 #   decode12b / decode1b   tools/bench/device/qmv-decode.ts: KL + tok/s exact / fast / mlx-lm (REPS, default 5;
 #                          QMV_DECODE_ARGS="--ab fused" compares fused projections off / on instead)
 # The 12B-shaped checkpoint (tools/bench/device/make_12b_model.py) is written in the background at
@@ -37,7 +38,7 @@ fits() { if [ $((DEADLINE - SECONDS)) -ge "$1" ]; then return 0; fi; log "SKIP (
 left() { local l=$((DEADLINE - SECONDS - 5)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 
 $B tools/kernels/export-sources.ts /tmp/kernel-sources.json || exit 1
-if [[ "$STEPS" == *12b* ]] && [ ! -f "$M12/config.json" ]; then
+if [[ "$STEPS" == *12b* || " $STEPS " == *" host "* ]] && [ ! -f "$M12/config.json" ]; then
   log "writing the 12B-shaped checkpoint in the background"
   ( "$PY" tools/bench/device/make_12b_model.py --out "$M12" --rng mlx > /tmp/make12b.log 2>&1; echo "exit $?" >> /tmp/make12b.log ) &
   MAKE12=$!
@@ -85,14 +86,15 @@ for s in $STEPS; do
       xz -T0 -c "/tmp/$s.csv" > "$OUT/$s.csv.xz"
       ;;
     host)
-      for m in "$M12" "$M1"; do
+      for m in "$M1" "$M12"; do
         fits 50 || continue
         [ "$m" = "$M12" ] && { wait12 || continue; }
         log "decode-step-profile.ts --host $m"
         # HOST_PROF=µs: one path (HOST_ONLY, default fast) under Bun's sampling profiler, its Markdown summary in $OUT.
         prof=()
         [ -n "${HOST_PROF:-}" ] && prof=(--cpu-prof --cpu-prof-md --cpu-prof-interval="$HOST_PROF" --cpu-prof-dir="$OUT/cpuprof-$(basename "$m")-${HOST_ONLY:-fast}")
-        timeout "$(left 120)" $B "${prof[@]}" tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens "${HOST_TOKENS:-48}" --reps "${HOST_REPS:-2}" \
+        # Under the profiler the first fast run (NVRTC compiles, a cold PTX cache) took over 120 s (ninth session).
+        timeout "$(left "${HOST_S:-$([ -n "${HOST_PROF:-}" ] && echo 300 || echo 120)}")" $B "${prof[@]}" tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens "${HOST_TOKENS:-48}" --reps "${HOST_REPS:-2}" \
           ${NCU_FAST:+--fast $NCU_FAST} ${HOST_PROF:+--only ${HOST_ONLY:-fast}} 2>&1 | tail -3
       done
       ;;

@@ -2,14 +2,14 @@
 # The next device run for issue 20, as THEN= of run-h200.sh, in priority order within DEADLINE seconds
 # (default 500) of this script's start:
 #   NO_COMPARE=1 SIZE=1b OUT=$OUT THEN='bash tools/bench/device/auto-h200.sh' bash tools/bench/device/run-h200.sh
-# 1. sdpa_decode_sweep.py: the decode attention kernels against MLX's composition over 256 shapes, folded
-#    (one batch row, one KV head: MLX multiplies the query heads as one matrix) and not (log in $OUT).
-# 2. qmv-decode.ts --ab ${AB:-sdpa} on the 12B-shaped model: MLX's kernels, the default less its decode
-#    attention, the default (sdpa_decode "auto": where MLX does not fold), the kernels everywhere;
-#    teacher-forced KL against the first (the default's must be 0) and tok/s with mlx-lm
-#    (DECODE_REPS repetitions, default 3). Then the same on the 1B when time is left.
+# 1. The default (custom-kernel) path's graph build under Bun's profiler, 1B then 12B-shaped
+#    (decode-step-profile.ts --host --only fast; Markdown summaries in $OUT/cpuprof-*): the ninth
+#    session profiled MLX's kernels only (docs/benchmarks.md, "Per-op overhead against Python MLX").
+# 2. qmv-decode.ts --ab ${AB:-exact-auto} on the 12B-shaped model and the 1B: MLX's kernels against the
+#    default, KL (must be 0) and tok/s with mlx-lm (DECODE_REPS repetitions, default 3).
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 DEADLINE="${DEADLINE:-500}"
-REPS="${DECODE_REPS:-3}" TOKENS=128 KL_STEPS=16 QMV_DECODE_ARGS="--ab ${AB:-sdpa}" \
-  DEADLINE=$(($(secs_left) - 10)) STEPS="${AUTO_STEPS:-sweep decode12b decode1b}" bash tools/kernels/qmv-h200.sh
+NCU_FAST=auto HOST_PROF=100 HOST_TOKENS=32 HOST_REPS=1 DEADLINE=$(($(secs_left) / 2)) STEPS=host bash tools/kernels/qmv-h200.sh
+REPS="${DECODE_REPS:-3}" TOKENS=128 KL_STEPS=16 QMV_DECODE_ARGS="--ab ${AB:-exact-auto}" \
+  DEADLINE=$(($(secs_left) - 10)) STEPS="${AUTO_STEPS:-decode12b decode1b}" bash tools/kernels/qmv-h200.sh
 echo "[auto-h200 +${SECONDS}s] done"
