@@ -656,6 +656,24 @@ def ulp_compare(label, out, ref, dt, gate=True):
     return ok and differing <= SDPA_DECODE_MAX_DIFFERING
 
 
+def sdpa_decode_scores(ks, q, kf, hkv):
+    """The scores kernel as sdpa-decode.ts launches it: [B, Hq, T] (the first T of its fixed buffer)."""
+    b, hq, _, d = q.shape
+    tmpl = [("T", q.dtype), ("D", d), ("REP", hq // hkv), ("WARPS", 8), ("TOK", 32), ("MAXK", SDPA_DECODE_MAX_KEYS)]
+    s = ks(inputs=[q, kf], template=tmpl, grid=(SDPA_DECODE_MAX_KEYS // 32 * 256, b * hkv, 1), threadgroup=(256, 1, 1),
+           output_shapes=[(b, hq, SDPA_DECODE_MAX_KEYS)], output_dtypes=[q.dtype])[0]
+    return s[:, :, : kf.t]
+
+
+def sdpa_decode_values(kv, s, vf, hkv):
+    """The values kernel as sdpa-decode.ts launches it, on scores [B, Hq, T] padded to its buffer: [B, Hq, 1, D]."""
+    b, hq, t = s.shape
+    d = vf.full.shape[-1]
+    tmpl = [("T", s.dtype), ("DV", d), ("REP", hq // hkv), ("WARPS", 8), ("CHUNK", 64)]
+    return kv(inputs=[mx.pad(s, [(0, 0), (0, 0), (0, SDPA_DECODE_MAX_KEYS - t)]), vf], template=tmpl, grid=(d // 64 * 256, b * hq, 1),
+              threadgroup=(256, 1, 1), output_shapes=[(b, hq, 1, d)], output_dtypes=[s.dtype])[0]
+
+
 def check_sdpa_decode(ks, kv, emulate):
     ok = True
     for i, (b, hq, hkv, d, t, dt) in enumerate(SDPA_DECODE_SHAPES):
@@ -665,10 +683,7 @@ def check_sdpa_decode(ks, kv, emulate):
         kf = Sliced(mx.random.normal((b, hkv, t + 13, d)).astype(dt), t)
         vf = Sliced(mx.random.normal((b, hkv, t + 13, d)).astype(dt), t)
         label = f"B{b} Hq{hq} Hkv{hkv} D{d} T{t} {str(dt).split('.')[-1]}"
-        tmpl = [("T", dt), ("D", d), ("REP", hq // hkv), ("WARPS", 8), ("TOK", 32), ("MAXK", SDPA_DECODE_MAX_KEYS)]
-        s = ks(inputs=[q, kf], template=tmpl, grid=(SDPA_DECODE_MAX_KEYS // 32 * 256, b * hkv, 1), threadgroup=(256, 1, 1),
-               output_shapes=[(b, hq, SDPA_DECODE_MAX_KEYS)], output_dtypes=[dt])[0]
-        s = s[:, :, :t]
+        s = sdpa_decode_scores(ks, q, kf, hkv)
         # MLX's composition, step by step (GQA as fast.cpp's fallback: q [B, Hkv, rep, 1, D]), and the
         # same products summed in float32 on the CPU, rounded once.
         qg = q.reshape(b, hkv, hq // hkv, 1, d)
@@ -679,9 +694,7 @@ def check_sdpa_decode(ks, kv, emulate):
         ok = ulp_compare(f"mlxb_sdpa_decode_scores {label} (q·kᵀ, float32, rounded)", s, s_ref, dt) and ok
         if not emulate:
             ulp_compare(f"mlxb_sdpa_decode_scores {label} (MLX's matmul)", s, s_mlx, dt, gate=False)
-        vtmpl = [("T", dt), ("DV", d), ("REP", hq // hkv), ("WARPS", 8), ("CHUNK", 64)]
-        launch = dict(template=vtmpl, grid=(d // 64 * 256, b * hq, 1), threadgroup=(256, 1, 1), output_shapes=[(b, hq, 1, d)], output_dtypes=[dt])
-        o = kv(inputs=[mx.pad(s_ref, [(0, 0), (0, 0), (0, SDPA_DECODE_MAX_KEYS - t)]), vf], **launch)[0]
+        o = sdpa_decode_values(kv, s_ref, vf, hkv)
         # MLX's precise softmax (on this device) of the same scores, then p·v in float32 on the CPU, rounded once.
         p = mx.softmax(s_ref, axis=-1, precise=True).reshape(b, hkv, hq // hkv, 1, t)
         ve = mx.expand_dims(vf.mx, 2)
@@ -691,7 +704,7 @@ def check_sdpa_decode(ks, kv, emulate):
         if not emulate:
             o_mlx = (p @ ve).reshape(b, hq, 1, d)
             ulp_compare(f"mlxb_sdpa_decode_values {label} (MLX's softmax and matmul)", o, o_mlx, dt, gate=False)
-            e2e = kv(inputs=[mx.pad(s, [(0, 0), (0, 0), (0, SDPA_DECODE_MAX_KEYS - t)]), vf], **launch)[0]
+            e2e = sdpa_decode_values(kv, s, vf, hkv)
             ref = mx.fast.scaled_dot_product_attention(q, kf.mx, vf.mx, scale=1.0)
             ulp_compare(f"mlxb_sdpa_decode end to end {label} (MLX's scaled_dot_product_attention)", e2e, ref, dt, gate=False)
     return ok

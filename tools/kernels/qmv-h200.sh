@@ -91,10 +91,13 @@ for s in $STEPS; do
         [ "$m" = "$M12" ] && { wait12 || continue; }
         log "decode-step-profile.ts --host $m"
         # HOST_PROF=µs: one path (HOST_ONLY, default fast) under Bun's sampling profiler, its Markdown summary in $OUT.
-        prof=()
-        [ -n "${HOST_PROF:-}" ] && prof=(--cpu-prof --cpu-prof-md --cpu-prof-interval="$HOST_PROF" --cpu-prof-dir="$OUT/cpuprof-$(basename "$m")-${HOST_ONLY:-fast}")
         # Under the profiler the first fast run (NVRTC compiles, a cold PTX cache) took over 120 s (ninth session).
-        timeout "$(left "${HOST_S:-$([ -n "${HOST_PROF:-}" ] && echo 300 || echo 120)}")" $B "${prof[@]}" tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens "${HOST_TOKENS:-48}" --reps "${HOST_REPS:-2}" \
+        prof=() host_s=${HOST_S:-120}
+        if [ -n "${HOST_PROF:-}" ]; then
+          prof=(--cpu-prof --cpu-prof-md --cpu-prof-interval="$HOST_PROF" --cpu-prof-dir="$OUT/cpuprof-$(basename "$m")-${HOST_ONLY:-fast}")
+          host_s=${HOST_S:-300}
+        fi
+        timeout "$(left "$host_s")" $B "${prof[@]}" tools/bench/device/decode-step-profile.ts --model "$m" --host --tokens "${HOST_TOKENS:-48}" --reps "${HOST_REPS:-2}" \
           ${NCU_FAST:+--fast $NCU_FAST} ${HOST_PROF:+--only ${HOST_ONLY:-fast}} 2>&1 | tail -3
       done
       ;;

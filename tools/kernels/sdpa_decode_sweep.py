@@ -17,9 +17,8 @@ import sys
 
 import mlx.core as mx
 
-from check_cuda_kernels import Sliced, compiled
+from check_cuda_kernels import Sliced, compiled, sdpa_decode_scores, sdpa_decode_values
 
-MAXK = 1024
 HEADS = [(16, 8), (16, 1), (8, 1), (16, 2), (8, 8), (4, 1), (32, 16), (2, 1)]
 DIMS = [256, 512]
 KEYS = [1, 7, 77, 100, 255, 513, 1000, 1024]
@@ -57,17 +56,12 @@ def main() -> None:
                     q = mx.random.normal((b, hq, 1, d)).astype(dt)
                     kf = Sliced(mx.random.normal((b, hkv, t + 13, d)).astype(dt), t)
                     vf = Sliced(mx.random.normal((b, hkv, t + 13, d)).astype(dt), t)
-                    tmpl = [("T", dt), ("D", d), ("REP", rep), ("WARPS", 8), ("TOK", 32), ("MAXK", MAXK)]
-                    s = ks(inputs=[q, kf], template=tmpl, grid=(MAXK // 32 * 256, b * hkv, 1), threadgroup=(256, 1, 1),
-                           output_shapes=[(b, hq, MAXK)], output_dtypes=[dt])[0][:, :, :t]
+                    s = sdpa_decode_scores(ks, q, kf, hkv)
                     qg = q.reshape(b, hkv, rep, 1, d)
                     s_mlx = (qg @ mx.expand_dims(kf.mx, 2).swapaxes(-1, -2)).reshape(b, hq, t)
                     p = mx.softmax(s_mlx, axis=-1, precise=True)
                     o_mlx = (p.reshape(b, hkv, rep, 1, t) @ mx.expand_dims(vf.mx, 2)).reshape(b, hq, 1, d)
-                    vtmpl = [("T", dt), ("DV", d), ("REP", rep), ("WARPS", 8), ("CHUNK", 64)]
-                    s_pad = mx.pad(s_mlx, [(0, 0), (0, 0), (0, MAXK - t)])
-                    o = kv(inputs=[s_pad, vf], template=vtmpl, grid=(d // 64 * 256, b * hq, 1), threadgroup=(256, 1, 1),
-                           output_shapes=[(b, hq, 1, d)], output_dtypes=[dt])[0]
+                    o = sdpa_decode_values(kv, s_mlx, vf, hkv)
                     with mx.stream(mx.cpu):
                         f = mx.float32
                         s_ex = (qg.astype(f) @ mx.expand_dims(kf.mx, 2).swapaxes(-1, -2).astype(f)).reshape(b, hq, t).astype(dt)
