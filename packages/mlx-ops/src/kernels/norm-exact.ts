@@ -29,11 +29,20 @@ export function norm_partition(axis: number): { block: number; chunks: number } 
 
 const HEADER_CUDA = `
 // A row's values as rms_norm_small holds them: thread t, vector BLOCK·i + t, 8 values; zeros past A.
+// A vector is one 16-byte load where the row allows it (a slice's data may start anywhere).
 template <int BLOCK, int CHUNKS, int A>
 __device__ __forceinline__ void mlxb_norm_load(const __nv_bfloat16* x, __nv_bfloat16 (&v)[CHUNKS][8]) {
+  const bool vec = A % 8 == 0 && (reinterpret_cast<size_t>(x) & 15) == 0;
 #pragma unroll
   for (int i = 0; i < CHUNKS; ++i) {
     const int e = (BLOCK * i + (int)threadIdx.x) * 8;
+    if (vec && e < A) {
+      const uint4 u = *reinterpret_cast<const uint4*>(x + e);
+      const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&u);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[i][j] = b[j];
+      continue;
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[i][j] = e + j < A ? x[e + j] : __float2bfloat16_rn(0.0f);
   }
