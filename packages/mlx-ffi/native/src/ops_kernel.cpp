@@ -101,17 +101,6 @@ MLXB_API void* mlxb_kernel_call(void* k, const uint64_t* inputs, int n_in, const
       off += out_ndims[i];
       dtypes.push_back(dtype_from_code(out_dtypes[i]));
     }
-    auto names = split_names(tmpl_names);
-    if (static_cast<int>(names.size()) != n_tmpl) throw std::invalid_argument("template names and values differ in count");
-    std::vector<std::pair<std::string, mx::fast::TemplateArg>> tmpl;
-    for (int i = 0; i < n_tmpl; i++) {
-      switch (tmpl_kinds[i]) {
-        case 0: tmpl.emplace_back(names[i], static_cast<int>(tmpl_values[i])); break;
-        case 1: tmpl.emplace_back(names[i], tmpl_values[i] != 0); break;
-        case 2: tmpl.emplace_back(names[i], dtype_from_code(tmpl_values[i])); break;
-        default: throw std::invalid_argument("unknown template arg kind");
-      }
-    }
     std::optional<float> init;
     if (has_init) init = static_cast<float>(init_value);
     auto& kernel = *static_cast<Kernel*>(k);
@@ -134,6 +123,19 @@ MLXB_API void* mlxb_kernel_call(void* k, const uint64_t* inputs, int n_in, const
       std::lock_guard<std::mutex> lock(kernel.mu);
       auto hit = kernel.prims.find(key);
       if (hit != kernel.prims.end()) return wrap_list(mx::array::make_arrays(std::move(shapes), dtypes, hit->second, ins));
+    }
+    // Only a call that makes a new primitive reads the template arguments by name (a hit skips
+    // splitting the names: a stringstream and a string per argument, at every launch).
+    auto names = split_names(tmpl_names);
+    if (static_cast<int>(names.size()) != n_tmpl) throw std::invalid_argument("template names and values differ in count");
+    std::vector<std::pair<std::string, mx::fast::TemplateArg>> tmpl;
+    for (int i = 0; i < n_tmpl; i++) {
+      switch (tmpl_kinds[i]) {
+        case 0: tmpl.emplace_back(names[i], static_cast<int>(tmpl_values[i])); break;
+        case 1: tmpl.emplace_back(names[i], tmpl_values[i] != 0); break;
+        case 2: tmpl.emplace_back(names[i], dtype_from_code(tmpl_values[i])); break;
+        default: throw std::invalid_argument("unknown template arg kind");
+      }
     }
     auto out = kernel.fn(ins, shapes, dtypes, {grid[0], grid[1], grid[2]}, {threadgroup[0], threadgroup[1], threadgroup[2]},
                          tmpl, init, verbose != 0, stream);
