@@ -866,8 +866,8 @@ def check_qkv_rope(k, emulate):
 # (lead, hq, hk, hv, dim): the 12B's sliding (16/8/8 × 256) and full (k = v, 512) layers, small ones.
 QKV_NORM_SHAPES = [((1, 1), 16, 8, 8, 256), ((1, 1), 32, 4, 0, 512), ((2,), 4, 1, 1, 128), ((1,), 3, 2, 0, 1152)]
 # (rows, A, scaled): hidden 3840 (BLOCK 128 × 4, a partial last chunk), 1152, 1536, 2560, 5376, 8192, 256;
-# 1004 (not a multiple of 8: scalar loads). The last case's y starts one value into its buffer (a
-# contiguous view the kernel gets as is: its loads cannot be 16-byte vectors).
+# 1004 (not a multiple of 8). The last case's y starts one value into its buffer (a contiguous view
+# the kernel gets as is, not 16-byte aligned: what a kernel with vector loads must handle).
 RESIDUAL_NORM_SHAPES = [(1, 3840, True), (1, 3840, False), (3, 1152, True), (1, 1536, False), (2, 2560, True),
                         (1, 5376, True), (1, 8192, False), (1, 256, True), (2, 1004, True), (1, 3840, "shifted")]
 NORM_EPS = 1e-6

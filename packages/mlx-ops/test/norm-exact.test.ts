@@ -46,8 +46,8 @@ describe("fused exact norms", () => {
         .filter((s) => NAMES.split(",").includes(s.name))
         .map((s) => {
           const header = s.cuda.header.replace(
-            "return weighted ? __hmul_rn(w, y) : y;",
-            "return weighted ? __float2bfloat16_rn(__bfloat162float(x) * r * __bfloat162float(w)) : y;",
+            "return w ? __hmul_rn(w[e], y) : y;",
+            "return w ? __float2bfloat16_rn(__bfloat162float(x) * r * __bfloat162float(w[e])) : y;",
           );
           expect(header).not.toBe(s.cuda.header);
           return { ...s, cuda: { ...s.cuda, header } };

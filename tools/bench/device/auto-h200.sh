@@ -2,8 +2,8 @@
 # The next device run for issue 20, as THEN= of run-h200.sh, in priority order within DEADLINE seconds
 # (default 500) of this script's start:
 #   NO_COMPARE=1 SIZE=1b OUT=$OUT THEN='bash tools/bench/device/auto-h200.sh' bash tools/bench/device/run-h200.sh
-# 1. check_cuda_kernels.py on the fused exact norms (bit for bit against MLX's ops): the tenth
-#    session loads every input of a launch before its first reduction.
+# 1. check_cuda_kernels.py on the fused exact norms (bit for bit against MLX's ops; the check for a
+#    change to their loads or partition, as the tenth session's load-first try).
 # 2. qmv-decode.ts --ab ${AB:-exact-auto} on the 12B-shaped model: MLX's kernels against the default,
 #    KL (must be 0) and tok/s with mlx-lm (DECODE_REPS repetitions, default 3).
 # 3. One decode step of the 12B-shaped model under ncu, MLX's kernels and the default (the norms' µs a launch).

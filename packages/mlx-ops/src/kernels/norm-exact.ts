@@ -29,20 +29,11 @@ export function norm_partition(axis: number): { block: number; chunks: number } 
 
 const HEADER_CUDA = `
 // A row's values as rms_norm_small holds them: thread t, vector BLOCK·i + t, 8 values; zeros past A.
-// A vector is one 16-byte load where the row allows it (a slice's data may start anywhere).
 template <int BLOCK, int CHUNKS, int A>
 __device__ __forceinline__ void mlxb_norm_load(const __nv_bfloat16* x, __nv_bfloat16 (&v)[CHUNKS][8]) {
-  const bool vec = A % 8 == 0 && (reinterpret_cast<size_t>(x) & 15) == 0;
 #pragma unroll
   for (int i = 0; i < CHUNKS; ++i) {
     const int e = (BLOCK * i + (int)threadIdx.x) * 8;
-    if (vec && e < A) {
-      const uint4 u = *reinterpret_cast<const uint4*>(x + e);
-      const __nv_bfloat16* b = reinterpret_cast<const __nv_bfloat16*>(&u);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[i][j] = b[j];
-      continue;
-    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[i][j] = e + j < A ? x[e + j] : __float2bfloat16_rn(0.0f);
   }
@@ -76,28 +67,22 @@ __device__ __forceinline__ float mlxb_norm_rscale(const __nv_bfloat16 (&v)[CHUNK
 // as read from their sm_90a SASS (docs/custom-kernels.md): IEEE d = p / HALF, exp2f(-(d·log2 base))
 // or the correctly rounded 1/freq, theta = (scale·offset)·inv, cosf and sinf (not sincosf, whose
 // zero signs differ), and each output with the x2 product rounded first and the x1 product fused.
-// The angle needs no row values: mlxb_rope_angle runs while the row's loads are in flight.
 template <int RD, int ROPE, typename F>
-__device__ __forceinline__ void mlxb_rope_angle(int i, float pos, float log2_base, const F* freqs, float& c, float& s) {
+__device__ __forceinline__ __nv_bfloat16 mlxb_rope_one(const __nv_bfloat16* row, int i, float pos, float log2_base, const F* freqs) {
   constexpr int HALF = RD / 2;
   const int p = i < HALF ? i : i - HALF;
   const float inv = ROPE == 1 ? exp2f(-__fmul_rn(__fdiv_rn((float)p, (float)HALF), log2_base)) : __frcp_rn((float)freqs[p]);
   const float theta = __fmul_rn(pos, inv);
-  c = cosf(theta);
-  s = sinf(theta);
-}
-template <int RD>
-__device__ __forceinline__ __nv_bfloat16 mlxb_rope_apply(const __nv_bfloat16* row, int i, float c, float s) {
-  constexpr int HALF = RD / 2;
-  const int p = i < HALF ? i : i - HALF;
+  const float c = cosf(theta);
+  const float s = sinf(theta);
   const float x1 = __bfloat162float(row[p]);
   const float x2 = __bfloat162float(row[p + HALF]);
   return __float2bfloat16_rn(i < HALF ? __fmaf_rn(x1, c, -__fmul_rn(x2, s)) : __fmaf_rn(x1, s, __fmul_rn(x2, c)));
 }
-// One output: bf16(x·r), then times the weight value in bf16 (no weight: MLX multiplies by 1).
-__device__ __forceinline__ __nv_bfloat16 mlxb_norm_out(__nv_bfloat16 x, float r, __nv_bfloat16 w, bool weighted) {
+// One output: bf16(x·r), then times the weight in bf16 (no weight: MLX multiplies by 1).
+__device__ __forceinline__ __nv_bfloat16 mlxb_norm_out(__nv_bfloat16 x, float r, const __nv_bfloat16* w, int e) {
   const __nv_bfloat16 y = __float2bfloat16_rn(__bfloat162float(x) * r);
-  return weighted ? __hmul_rn(w, y) : y;
+  return w ? __hmul_rn(w[e], y) : y;
 }
 // f(i, j, c) for each value a thread holds, vector i, value j, column c < A (mlxb_norm_load's map).
 template <int BLOCK, int CHUNKS, int A, typename Fn>
@@ -111,26 +96,20 @@ __device__ __forceinline__ void mlxb_norm_each(Fn f) {
 }
 // One head of a projection's output: src normed by w (none: v) into dst; with ROPE and \`rotate\`
 // (q and k), then rotated at pos, the normed row passing through shared row_n (a rotation pairs
-// values of other threads). A block per head: \`rotate\` is the same for every thread of it. The
-// row, the weight and the angles are all fetched or computed before the reduction, so a launch
-// waits on memory once.
+// values of other threads). A block per head: \`rotate\` is the same for every thread of it.
 template <int BLOCK, int CHUNKS, int A, int ROPE, int RD, typename F>
 __device__ __forceinline__ void mlxb_head_norm(const __nv_bfloat16* src, __nv_bfloat16* dst, const __nv_bfloat16* w, bool rotate, float eps,
                                                float pos, float log2_base, const F* freqs, float* tmp, __nv_bfloat16* row_n) {
-  __nv_bfloat16 vals[CHUNKS][8], wv[CHUNKS][8];
+  __nv_bfloat16 vals[CHUNKS][8];
   mlxb_norm_load<BLOCK, CHUNKS, A>(src, vals);
-  if (w) mlxb_norm_load<BLOCK, CHUNKS, A>(w, wv);
-  const bool roped = ROPE != 0 && rotate;
-  float cs[CHUNKS][8], sn[CHUNKS][8];
-  if (roped) mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { if (c < RD) mlxb_rope_angle<RD, ROPE>(c, pos, log2_base, freqs, cs[i][j], sn[i][j]); });
   const float r = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, eps, tmp);
-  if (roped) {
-    mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { row_n[c] = mlxb_norm_out(vals[i][j], r, wv[i][j], w != nullptr); });
+  if (ROPE != 0 && rotate) {
+    mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { row_n[c] = mlxb_norm_out(vals[i][j], r, w, c); });
     __syncthreads();
-    mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { dst[c] = c < RD ? mlxb_rope_apply<RD>(row_n, c, cs[i][j], sn[i][j]) : row_n[c]; });
+    mlxb_norm_each<BLOCK, CHUNKS, A>([&](int, int, int c) { dst[c] = c < RD ? mlxb_rope_one<RD, ROPE>(row_n, c, pos, log2_base, freqs) : row_n[c]; });
     return;
   }
-  mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { dst[c] = mlxb_norm_out(vals[i][j], r, wv[i][j], w != nullptr); });
+  mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { dst[c] = mlxb_norm_out(vals[i][j], r, w, c); });
 }
 `;
 
@@ -166,38 +145,27 @@ const Q_CUDA = `${HEADS_PRELUDE_CUDA}
   mlxb_head_norm<BLOCK, CHUNKS, A, ROPE, RD>(x + head, q + head, q_w, true, eps, pos, log2_base, freqs, tmp, row_n);
 `;
 
-// h + rms_norm(y, post_w), times the scale where HAS_SCALE, to h_out; with \`next\`, then the sum's
-// norm by next_w to n_out. Every input is loaded before the first reduction: one wait on memory,
-// not one per phase (the sum's inputs, then the next weight).
-const residualCuda = (next: boolean): string => `
+// h + rms_norm(y, post_w), times the scale where HAS_SCALE, to h_out; the sum stays in `vals`.
+const RESIDUAL_SUM_CUDA = `
   __shared__ float tmp1[BLOCK / 32];
   const float eps = __uint_as_float((unsigned)EPS_BITS);
   const size_t base = (size_t)blockIdx.x * A;
-  __nv_bfloat16 vals[CHUNKS][8], hv[CHUNKS][8], pw[CHUNKS][8];
+  __nv_bfloat16 vals[CHUNKS][8];
   mlxb_norm_load<BLOCK, CHUNKS, A>(y + base, vals);
-  mlxb_norm_load<BLOCK, CHUNKS, A>(h + base, hv);
-  mlxb_norm_load<BLOCK, CHUNKS, A>(post_w, pw);${
-    next
-      ? `
-  __nv_bfloat16 nw[CHUNKS][8];
-  mlxb_norm_load<BLOCK, CHUNKS, A>(next_w, nw);`
-      : ""
-  }
-  const __nv_bfloat16 sc = HAS_SCALE ? scale[0] : __float2bfloat16_rn(1.0f);
   const float r1 = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, eps, tmp1);
   mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) {
-    __nv_bfloat16 s = __hadd_rn(hv[i][j], mlxb_norm_out(vals[i][j], r1, pw[i][j], true));
-    if (HAS_SCALE) s = __hmul_rn(s, sc);
+    __nv_bfloat16 s = __hadd_rn(h[base + c], mlxb_norm_out(vals[i][j], r1, post_w, c));
+    if (HAS_SCALE) s = __hmul_rn(s, scale[0]);
     h_out[base + c] = s;
     vals[i][j] = s;
-  });${
-    next
-      ? `
+  });
+`;
+
+// Then the sum's norm by next_w to n_out.
+const RESIDUAL_NEXT_CUDA = `
   __shared__ float tmp2[BLOCK / 32];
   const float r2 = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, eps, tmp2);
-  mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { n_out[base + c] = mlxb_norm_out(vals[i][j], r2, nw[i][j], true); });`
-      : ""
-  }
+  mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { n_out[base + c] = mlxb_norm_out(vals[i][j], r2, next_w, c); });
 `;
 
 /** Head counts of a fused q/k/v projection's output: `hv` 0 where v is k (k = v attention). */
@@ -468,7 +436,7 @@ function residualSpec(p: ResidualNorm): CustomKernel {
     name: p.next ? "mlxb_residual_norm_exact" : "mlxb_residual_exact",
     input_names: p.next ? ["h", "y", "post_w", "next_w", "scale"] : ["h", "y", "post_w", "scale"],
     output_names: p.next ? ["h_out", "n_out"] : ["h_out"],
-    cuda: { source: residualCuda(p.next), header: HEADER_CUDA },
+    cuda: { source: p.next ? RESIDUAL_SUM_CUDA + RESIDUAL_NEXT_CUDA : RESIDUAL_SUM_CUDA, header: HEADER_CUDA },
     validate: (inputs) => residualCheck(inputs, p),
     reference: (inputs, s) => residualReference(inputs, p, s),
     launch: ([h]) => {
