@@ -674,6 +674,31 @@ def sdpa_decode_values(kv, s, vf, hkv):
               threadgroup=(256, 1, 1), output_shapes=[(b, hq, 1, d)], output_dtypes=[s.dtype])[0]
 
 
+def sdpa_decode_score_refs(q, kf, hkv):
+    """MLX's composition's q·kᵀ (GQA as fast.cpp's fallback: q [B, Hkv, rep, 1, D]) on this device, and
+    the same product summed in float32 on the CPU, rounded once: [B, Hq, T] each."""
+    b, hq, _, d = q.shape
+    qg = q.reshape(b, hkv, hq // hkv, 1, d)
+    ke = mx.expand_dims(kf.mx, 2).swapaxes(-1, -2)
+    s_mlx = (qg @ ke).reshape(b, hq, kf.t)
+    with mx.stream(mx.cpu):
+        s_f32 = (qg.astype(mx.float32) @ ke.astype(mx.float32)).reshape(b, hq, kf.t).astype(q.dtype)
+    return s_mlx, s_f32
+
+
+def sdpa_decode_value_refs(s, vf, hkv):
+    """MLX's precise softmax of scores s [B, Hq, T] on this device, then p·v as MLX multiplies it and
+    summed in float32 on the CPU, rounded once: [B, Hq, 1, D] each."""
+    b, hq, t = s.shape
+    d = vf.full.shape[-1]
+    p = mx.softmax(s, axis=-1, precise=True).reshape(b, hkv, hq // hkv, 1, t)
+    ve = mx.expand_dims(vf.mx, 2)
+    o_mlx = (p @ ve).reshape(b, hq, 1, d)
+    with mx.stream(mx.cpu):
+        o_f32 = (p.astype(mx.float32) @ ve.astype(mx.float32)).reshape(b, hq, 1, d).astype(s.dtype)
+    return o_mlx, o_f32
+
+
 def check_sdpa_decode(ks, kv, emulate):
     ok = True
     for i, (b, hq, hkv, d, t, dt) in enumerate(SDPA_DECODE_SHAPES):
@@ -684,25 +709,14 @@ def check_sdpa_decode(ks, kv, emulate):
         vf = Sliced(mx.random.normal((b, hkv, t + 13, d)).astype(dt), t)
         label = f"B{b} Hq{hq} Hkv{hkv} D{d} T{t} {str(dt).split('.')[-1]}"
         s = sdpa_decode_scores(ks, q, kf, hkv)
-        # MLX's composition, step by step (GQA as fast.cpp's fallback: q [B, Hkv, rep, 1, D]), and the
-        # same products summed in float32 on the CPU, rounded once.
-        qg = q.reshape(b, hkv, hq // hkv, 1, d)
-        ke = mx.expand_dims(kf.mx, 2).swapaxes(-1, -2)
-        s_mlx = (qg @ ke).reshape(b, hq, t)
-        with mx.stream(mx.cpu):
-            s_ref = (qg.astype(mx.float32) @ ke.astype(mx.float32)).reshape(b, hq, t).astype(dt)
+        s_mlx, s_ref = sdpa_decode_score_refs(q, kf, hkv)
         ok = ulp_compare(f"mlxb_sdpa_decode_scores {label} (q·kᵀ, float32, rounded)", s, s_ref, dt) and ok
         if not emulate:
             ulp_compare(f"mlxb_sdpa_decode_scores {label} (MLX's matmul)", s, s_mlx, dt, gate=False)
         o = sdpa_decode_values(kv, s_ref, vf, hkv)
-        # MLX's precise softmax (on this device) of the same scores, then p·v in float32 on the CPU, rounded once.
-        p = mx.softmax(s_ref, axis=-1, precise=True).reshape(b, hkv, hq // hkv, 1, t)
-        ve = mx.expand_dims(vf.mx, 2)
-        with mx.stream(mx.cpu):
-            o_ref = (p.astype(mx.float32) @ ve.astype(mx.float32)).reshape(b, hq, 1, d).astype(dt)
+        o_mlx, o_ref = sdpa_decode_value_refs(s_ref, vf, hkv)
         ok = ulp_compare(f"mlxb_sdpa_decode_values {label} (MLX's softmax, p·v float32, rounded)", o, o_ref, dt) and ok
         if not emulate:
-            o_mlx = (p @ ve).reshape(b, hq, 1, d)
             ulp_compare(f"mlxb_sdpa_decode_values {label} (MLX's softmax and matmul)", o, o_mlx, dt, gate=False)
             e2e = sdpa_decode_values(kv, s, vf, hkv)
             ref = mx.fast.scaled_dot_product_attention(q, kf.mx, vf.mx, scale=1.0)

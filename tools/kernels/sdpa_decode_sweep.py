@@ -17,7 +17,7 @@ import sys
 
 import mlx.core as mx
 
-from check_cuda_kernels import Sliced, compiled, sdpa_decode_scores, sdpa_decode_values
+from check_cuda_kernels import Sliced, compiled, sdpa_decode_score_refs, sdpa_decode_scores, sdpa_decode_value_refs, sdpa_decode_values
 
 HEADS = [(16, 8), (16, 1), (8, 1), (16, 2), (8, 8), (4, 1), (32, 16), (2, 1)]
 DIMS = [256, 512]
@@ -57,16 +57,9 @@ def main() -> None:
                     kf = Sliced(mx.random.normal((b, hkv, t + 13, d)).astype(dt), t)
                     vf = Sliced(mx.random.normal((b, hkv, t + 13, d)).astype(dt), t)
                     s = sdpa_decode_scores(ks, q, kf, hkv)
-                    qg = q.reshape(b, hkv, rep, 1, d)
-                    s_mlx = (qg @ mx.expand_dims(kf.mx, 2).swapaxes(-1, -2)).reshape(b, hq, t)
-                    p = mx.softmax(s_mlx, axis=-1, precise=True)
-                    o_mlx = (p.reshape(b, hkv, rep, 1, t) @ mx.expand_dims(vf.mx, 2)).reshape(b, hq, 1, d)
+                    s_mlx, s_ex = sdpa_decode_score_refs(q, kf, hkv)
                     o = sdpa_decode_values(kv, s_mlx, vf, hkv)
-                    with mx.stream(mx.cpu):
-                        f = mx.float32
-                        s_ex = (qg.astype(f) @ mx.expand_dims(kf.mx, 2).swapaxes(-1, -2).astype(f)).reshape(b, hq, t).astype(dt)
-                        o_ex = (p.reshape(b, hkv, rep, 1, t).astype(f) @ mx.expand_dims(vf.mx, 2).astype(f)).reshape(b, hq, 1, d).astype(dt)
-                        mx.eval(s_ex, o_ex)
+                    o_mlx, o_ex = sdpa_decode_value_refs(s_mlx, vf, hkv)
                     folded = b * hkv == 1 and rep > 1
                     r = [differ(s, s_mlx), differ(s, s_ex), differ(s_mlx, s_ex), differ(o, o_mlx), differ(o, o_ex), differ(o_mlx, o_ex)]
                     w = worst[folded]
