@@ -64,23 +64,43 @@ async function run(
   }
 }
 
-/** The first step at which `tokens` leave the grammar's mask, or -1 if every one is allowed. */
-async function grammarRejects(format: StructuredFormat, tokens: readonly number[]): Promise<number> {
-  const vocab = engine.loaded.tokenizer.vocabSize;
-  const p = await grammarProcessor(engine.loaded.tokenizer, format, { promptTokens: 1 });
-  using zeros = MlxArray.fromTypedArray(new Float32Array(vocab), [1, vocab]);
+/**
+ * Steps through the grammar's masks from a fresh processor: `next` reads a step's masked row
+ * (logits 0 where allowed, -inf elsewhere, vocabulary + 40 wide) and returns the token to take, or
+ * null to stop before taking one. Returns the tokens taken.
+ */
+async function followGrammar(format: StructuredFormat, next: (row: Float64Array, step: number) => number | null, maxSteps: number): Promise<number[]> {
+  const tok = engine.loaded.tokenizer;
+  const p = await grammarProcessor(tok, format, { promptTokens: 1 });
+  using zeros = MlxArray.fromTypedArray(new Float32Array(tok.vocabSize + 40), [1, tok.vocabSize + 40]);
   const hist = [2];
   try {
-    for (const [step, t] of tokens.entries()) {
+    for (let step = 0; step < maxSteps; step++) {
       using masked = p.process(hist, zeros);
-      if (masked.toFloat64Array()[t] === Number.NEGATIVE_INFINITY) return step;
+      const t = next(masked.toFloat64Array(), step);
+      if (t === null) break;
       hist.push(t);
       await p.advance(hist);
     }
-    return -1;
+    return hist.slice(1);
   } finally {
     p.dispose();
   }
+}
+
+/** The first step at which `tokens` leave the grammar's mask, or -1 if every one is allowed. */
+async function grammarRejects(format: StructuredFormat, tokens: readonly number[]): Promise<number> {
+  let at = -1;
+  await followGrammar(
+    format,
+    (row, step) => {
+      if (row[tokens[step]!] !== Number.NEGATIVE_INFINITY) return tokens[step]!;
+      at = step;
+      return null;
+    },
+    tokens.length,
+  );
+  return at;
 }
 
 describe("schemas on a tiny model", () => {
@@ -144,27 +164,22 @@ describe("every allowed keyword is enforced: random walks through the masks", ()
     let s = seed;
     const rnd = () => (s = (Math.imul(s, 1103515245) + 12345) >>> 0) / 2 ** 32;
     const tok = engine.loaded.tokenizer;
-    const p = await grammarProcessor(tok, format, { promptTokens: 1 });
-    using zeros = MlxArray.fromTypedArray(new Float32Array(tok.vocabSize + 40), [1, tok.vocabSize + 40]);
-    const hist = [2];
-    try {
-      for (let step = 0; step < maxSteps; step++) {
-        using masked = p.process(hist, zeros);
-        const row = masked.toFloat64Array();
+    let stopped = false;
+    const taken = await followGrammar(
+      format,
+      (row) => {
         const allowed: number[] = [];
         row.forEach((v, id) => v !== Number.NEGATIVE_INFINITY && allowed.push(id));
         expect(allowed.length).toBeGreaterThan(0);
         expect(Math.max(...allowed)).toBeLessThan(tok.vocabSize); // logits beyond the vocabulary are masked
         const stop = allowed.filter((id) => stops().includes(id));
         const t = stop.length && rnd() < 0.5 ? stop[0]! : allowed[Math.floor(rnd() * allowed.length)]!;
-        hist.push(t);
-        if (stops().includes(t)) return tok.decode(hist.slice(1, -1), { skipSpecialTokens: true });
-        await p.advance(hist);
-      }
-      return null;
-    } finally {
-      p.dispose();
-    }
+        stopped = stops().includes(t);
+        return stopped ? null : t;
+      },
+      maxSteps,
+    );
+    return stopped ? tok.decode(taken, { skipSpecialTokens: true }) : null;
   }
 
   test("each schema: 40 walks; every finished one parses and validates", async () => {
