@@ -879,11 +879,12 @@ def check_qkv_rope(k, emulate):
 
 # (lead, hq, hk, hv, dim): the 12B's sliding (16/8/8 × 256) and full (k = v, 512) layers, small ones.
 QKV_NORM_SHAPES = [((1, 1), 16, 8, 8, 256), ((1, 1), 32, 4, 0, 512), ((2,), 4, 1, 1, 128), ((1,), 3, 2, 0, 1152)]
-# (rows, A, scaled): hidden 3840 (BLOCK 128 × 4, a partial last chunk), 1152, 1536, 2560, 5376, 8192, 256;
-# 1004 (not a multiple of 8). The last case's y starts one value into its buffer (a contiguous view
-# the kernel gets as is, not 16-byte aligned: what a kernel with vector loads must handle).
-RESIDUAL_NORM_SHAPES = [(1, 3840, True), (1, 3840, False), (3, 1152, True), (1, 1536, False), (2, 2560, True),
-                        (1, 5376, True), (1, 8192, False), (1, 256, True), (2, 1004, True), (1, 3840, "shifted")]
+# (rows, A, scaled, y offset): hidden 3840 (BLOCK 128 × 4, a partial last chunk), 1152, 1536, 2560,
+# 5376, 8192, 256; 1004 (not a multiple of 8). With a y offset of 1, y starts one value into its
+# buffer (a contiguous view the kernel gets as is, not 16-byte aligned: what a kernel with vector
+# loads must handle).
+RESIDUAL_NORM_SHAPES = [(1, 3840, True, 0), (1, 3840, False, 0), (3, 1152, True, 0), (1, 1536, False, 0), (2, 2560, True, 0),
+                        (1, 5376, True, 0), (1, 8192, False, 0), (1, 256, True, 0), (2, 1004, True, 0), (1, 3840, True, 1)]
 NORM_EPS = 1e-6
 
 
@@ -908,12 +909,12 @@ def qkv_norm_cases():
 
 
 def residual_norm_cases():
-    for i, (rows, a, scaled) in enumerate(RESIDUAL_NORM_SHAPES):
+    for i, (rows, a, scaled, y_offset) in enumerate(RESIDUAL_NORM_SHAPES):
         mx.random.seed(400 + i)
         h = (mx.random.normal((rows, a)) * 4).astype(mx.bfloat16)
         y = (mx.random.normal((rows, a)) * 20).astype(mx.bfloat16)
-        if scaled == "shifted":
-            y = (mx.random.normal((rows * a + 1,)) * 20).astype(mx.bfloat16)[1:].reshape(rows, a)
+        if y_offset:
+            y = (mx.random.normal((rows * a + y_offset,)) * 20).astype(mx.bfloat16)[y_offset:].reshape(rows, a)
         pw = (1 + 0.5 * mx.random.normal((a,))).astype(mx.bfloat16)
         nw = (1 + 0.5 * mx.random.normal((a,))).astype(mx.bfloat16)
         scale = mx.array([0.37]).astype(mx.bfloat16)
@@ -921,8 +922,9 @@ def residual_norm_cases():
         launch = dict(inputs=[h, y, pw, nw, scale], output_shapes=[(rows, a), (rows, a)], output_dtypes=[mx.bfloat16] * 2,
                       grid=(rows * block, 1, 1), threadgroup=(block, 1, 1),
                       template=[("A", a), ("BLOCK", block), ("CHUNKS", chunks), ("EPS_BITS", eps_bits(NORM_EPS)),
-                                ("HAS_SCALE", bool(scaled))])
-        yield f"rows {rows} A {a} {scaled if scaled == 'shifted' else 'scaled' if scaled else 'unscaled'}", launch, (h, y, pw, nw, scale if scaled else None)
+                                ("HAS_SCALE", scaled)])
+        yield (f"rows {rows} A {a} {'scaled' if scaled else 'unscaled'}{f', y offset {y_offset}' if y_offset else ''}", launch,
+               (h, y, pw, nw, scale if scaled else None))
 
 
 def check_qkv_norm(k, emulate):
