@@ -743,6 +743,11 @@ def mlx_norm_partition(a):
     return 128, min(8, -(-nvec // 128))
 
 
+def mlx_norm_threads(a):
+    """norm-exact.ts norm_threads: a fused norm block's threads (one value each, at least MLX's BLOCK, at most 512)."""
+    return max(mlx_norm_partition(a)[0], min(512, -(-a // 32) * 32))
+
+
 def butterfly(v):
     """cg::reduce over a warp as compiled: SHFL.BFLY 16, 8, 4, 2, 1, each v + partner (float32)."""
     for off in (16, 8, 4, 2, 1):
@@ -845,11 +850,12 @@ def qkv_rope_cases():
         off = mx.array([offset], dtype=mx.int32)
         freqs = proportional_freqs(rd) if base is None else None
         block, chunks = mlx_norm_partition(dim)
+        wide = mlx_norm_threads(dim)
         log2b = float(np.float32(math.log2(np.float32(base)))) if base is not None else 1.0
         launch = dict(inputs=[x, qw, kw, off, freqs if freqs is not None else qw],
                       output_shapes=[(1, hq, 1, dim), (1, hk, 1, dim), (1, hk, 1, dim)],
-                      output_dtypes=[mx.bfloat16] * 3, grid=((hq + 2 * hk) * block, 1, 1), threadgroup=(block, 1, 1),
-                      template=[("HQ", hq), ("HK", hk), ("HV", hv), ("A", dim), ("BLOCK", block), ("CHUNKS", chunks),
+                      output_dtypes=[mx.bfloat16] * 3, grid=((hq + 2 * hk) * wide, 1, 1), threadgroup=(wide, 1, 1),
+                      template=[("HQ", hq), ("HK", hk), ("HV", hv), ("A", dim), ("WIDE", wide), ("BLOCK", block), ("CHUNKS", chunks),
                                 ("EPS_BITS", eps_bits(NORM_EPS)), ("ROPE", 1 if base is not None else 2), ("RD", rd),
                                 ("SCALE_BITS", eps_bits(scale)), ("BASE_BITS", eps_bits(log2b))])
         parts = mx.split(x, [hq * dim, (hq + hk) * dim], axis=-1)
@@ -895,10 +901,11 @@ def qkv_norm_cases():
         qw = (1 + 0.5 * mx.random.normal((dim,))).astype(mx.bfloat16)
         kw = (1 + 0.5 * mx.random.normal((dim,))).astype(mx.bfloat16)
         block, chunks = mlx_norm_partition(dim)
+        wide = mlx_norm_threads(dim)
         rows = math.prod(lead)
         launch = dict(inputs=[x, qw, kw, qw, qw], output_shapes=[(*lead, hq, dim), (*lead, hk, dim), (*lead, hk, dim)],
-                      output_dtypes=[mx.bfloat16] * 3, grid=(rows * (hq + 2 * hk) * block, 1, 1), threadgroup=(block, 1, 1),
-                      template=[("HQ", hq), ("HK", hk), ("HV", hv), ("A", dim), ("BLOCK", block), ("CHUNKS", chunks),
+                      output_dtypes=[mx.bfloat16] * 3, grid=(rows * (hq + 2 * hk) * wide, 1, 1), threadgroup=(wide, 1, 1),
+                      template=[("HQ", hq), ("HK", hk), ("HV", hv), ("A", dim), ("WIDE", wide), ("BLOCK", block), ("CHUNKS", chunks),
                                 ("EPS_BITS", eps_bits(NORM_EPS)), ("ROPE", 0), ("RD", 2), ("SCALE_BITS", eps_bits(1.0)),
                                 ("BASE_BITS", eps_bits(1.0))])
         parts = mx.split(x, [hq * dim, (hq + hk) * dim], axis=-1)
@@ -919,9 +926,10 @@ def residual_norm_cases():
         nw = (1 + 0.5 * mx.random.normal((a,))).astype(mx.bfloat16)
         scale = mx.array([0.37]).astype(mx.bfloat16)
         block, chunks = mlx_norm_partition(a)
+        wide = mlx_norm_threads(a)
         launch = dict(inputs=[h, y, pw, nw, scale], output_shapes=[(rows, a), (rows, a)], output_dtypes=[mx.bfloat16] * 2,
-                      grid=(rows * block, 1, 1), threadgroup=(block, 1, 1),
-                      template=[("A", a), ("BLOCK", block), ("CHUNKS", chunks), ("EPS_BITS", eps_bits(NORM_EPS)),
+                      grid=(rows * wide, 1, 1), threadgroup=(wide, 1, 1),
+                      template=[("A", a), ("WIDE", wide), ("BLOCK", block), ("CHUNKS", chunks), ("EPS_BITS", eps_bits(NORM_EPS)),
                                 ("HAS_SCALE", scaled)])
         yield (f"rows {rows} A {a} {'scaled' if scaled else 'unscaled'}{f', y offset {y_offset}' if y_offset else ''}", launch,
                (h, y, pw, nw, scale if scaled else None))
@@ -955,12 +963,13 @@ def check_q_norm(k, emulate):
         off = mx.array([offset], dtype=mx.int32)
         freqs = proportional_freqs(rd) if rd and base is None else None
         block, chunks = mlx_norm_partition(dim)
+        wide = mlx_norm_threads(dim)
         log2b = float(np.float32(math.log2(np.float32(base)))) if base is not None else 1.0
         rope = 0 if not rd else (1 if base is not None else 2)
         shape = (1, hq, 1, dim) if rd else (rows, 1, hq, dim)
         (out,) = k(inputs=[x, qw, off if rd else qw, freqs if freqs is not None else qw], output_shapes=[shape],
-                   output_dtypes=[mx.bfloat16], grid=(rows * hq * block, 1, 1), threadgroup=(block, 1, 1),
-                   template=[("A", dim), ("BLOCK", block), ("CHUNKS", chunks), ("EPS_BITS", eps_bits(NORM_EPS)), ("ROPE", rope),
+                   output_dtypes=[mx.bfloat16], grid=(rows * hq * wide, 1, 1), threadgroup=(wide, 1, 1),
+                   template=[("A", dim), ("WIDE", wide), ("BLOCK", block), ("CHUNKS", chunks), ("EPS_BITS", eps_bits(NORM_EPS)), ("ROPE", rope),
                              ("RD", rd or 2), ("SCALE_BITS", eps_bits(scale)), ("BASE_BITS", eps_bits(log2b))])
         q0 = x.reshape(rows, 1, hq, dim)
         if emulate:

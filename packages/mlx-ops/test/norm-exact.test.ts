@@ -15,6 +15,7 @@ import { cuda_arch } from "../src/kernels/cuda-arch.ts";
 import {
   exact_norms_enabled,
   norm_partition,
+  norm_threads,
   q_norm_exact,
   q_norm_fits,
   qkv_norm_exact,
@@ -46,8 +47,8 @@ describe("fused exact norms", () => {
         .filter((s) => NAMES.split(",").includes(s.name))
         .map((s) => {
           const header = s.cuda.header.replace(
-            "return w ? __hmul_rn(w[e], y) : y;",
-            "return w ? __float2bfloat16_rn(__bfloat162float(x) * r * __bfloat162float(w[e])) : y;",
+            "return weighted ? __hmul_rn(w, y) : y;",
+            "return weighted ? __float2bfloat16_rn(__bfloat162float(x) * r * __bfloat162float(w)) : y;",
           );
           expect(header).not.toBe(s.cuda.header);
           return { ...s, cuda: { ...s.cuda, header } };
@@ -69,6 +70,10 @@ describe("fused exact norms", () => {
     expect(norm_partition(1536)).toEqual({ block: 64, chunks: 3 });
     expect(norm_partition(4096)).toEqual({ block: 128, chunks: 4 });
     expect(norm_partition(8192)).toEqual({ block: 128, chunks: 8 });
+  });
+
+  test("a block's threads: one value each, a multiple of 32, at least MLX's BLOCK, at most 512", () => {
+    expect([40, 256, 300, 512, 1152, 3840, 8192].map(norm_threads)).toEqual([64, 256, 320, 512, 512, 512, 512]);
   });
 
   test("bad inputs are refused before any path runs, naming the kernel and what is wrong", () => {

@@ -45,6 +45,7 @@ export {
   NORM_EXACT_MAX_AXIS,
   exact_norms_enabled,
   norm_partition,
+  norm_threads,
   q_norm_exact,
   q_norm_fits,
   qkv_norm_exact,

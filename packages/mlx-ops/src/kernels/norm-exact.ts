@@ -5,8 +5,9 @@
 // `rms_norm_small` (read from its sm_90a SASS; docs/custom-kernels.md, "MLX's CUDA RMSNorm, as
 // compiled") gives one block a row, thread t the 8-value vectors BLOCK·i + t, an FFMA chain per
 // thread, a two-level warp butterfly, IEEE division, `+ eps`, `rsqrtf`, then bf16(x·r) times the
-// weight in bf16. These kernels use MLX's partition of each row (`norm_partition`) and every one of
-// those roundings, so their outputs are meant to be MLX's bits; bit equality with MLX's own ops on
+// weight in bf16. These kernels use MLX's partition of each row (`norm_partition`) for the sums and
+// every one of those roundings (the element-wise work spread over more threads: `norm_threads`), so
+// their outputs are meant to be MLX's bits; bit equality with MLX's own ops on
 // a GPU is their test (tools/kernels/check_cuda_kernels.py). bf16 only, rows up to 8,192 values.
 import type { MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { add, multiply } from "../elementwise.ts";
@@ -27,96 +28,129 @@ export function norm_partition(axis: number): { block: number; chunks: number } 
   return { block: 128, chunks: Math.min(8, Math.ceil(nvec / 128)) };
 }
 
-const HEADER_CUDA = `
-// A row's values as rms_norm_small holds them: thread t, vector BLOCK·i + t, 8 values; zeros past A.
-template <int BLOCK, int CHUNKS, int A>
-__device__ __forceinline__ void mlxb_norm_load(const __nv_bfloat16* x, __nv_bfloat16 (&v)[CHUNKS][8]) {
-#pragma unroll
-  for (int i = 0; i < CHUNKS; ++i) {
-    const int e = (BLOCK * i + (int)threadIdx.x) * 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[i][j] = e + j < A ? x[e + j] : __float2bfloat16_rn(0.0f);
-  }
+/** Values a norm kernel's threads take one each (block size, a multiple of 32 and at least MLX's BLOCK, at most 512). */
+export function norm_threads(axis: number): number {
+  return Math.max(norm_partition(axis).block, Math.min(512, Math.ceil(axis / 32) * 32));
 }
-// MLX's reciprocal RMS: FFMA chain in order, warp butterfly, lane 0 of each warp to shared memory,
-// the warp sums butterflied again, then IEEE division by A, + eps, rsqrtf.
+
+// A block has WIDE threads (norm_threads): each loads, normalizes and stores the values
+// e = threadIdx.x + WIDE·m, so the element-wise work is spread over up to 16 warps; only the sum of
+// squares keeps MLX's partition, taken by threads t < BLOCK from the row staged in shared memory.
+const HEADER_CUDA = `
+// MLX's reciprocal RMS over a row in shared memory (every thread of the block calls it; it
+// synchronizes once): threads t < BLOCK take rms_norm_small's vectors BLOCK·i + t (8 values each,
+// none past A) in an FFMA chain in order, then the warp butterfly, lane 0 of each warp to tmp, the
+// warp sums butterflied again in every warp, IEEE division by A, + eps, rsqrtf.
 template <int BLOCK, int CHUNKS, int A>
-__device__ __forceinline__ float mlxb_norm_rscale(const __nv_bfloat16 (&v)[CHUNKS][8], float eps, float* tmp) {
-  float acc = 0.0f;
+__device__ __forceinline__ float mlxb_norm_rscale(const uint4* row, float eps, float* tmp) {
+  const int lane = (int)(threadIdx.x & 31u);
+  if ((int)threadIdx.x < BLOCK) {
+    float acc = 0.0f;
 #pragma unroll
-  for (int i = 0; i < CHUNKS; ++i) {
+    for (int i = 0; i < CHUNKS; ++i) {
+      const int v = BLOCK * i + (int)threadIdx.x;
+      if (v * 8 < A) {
+        const uint4 q = row[v];
+        const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&q);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float f = __bfloat162float(v[i][j]);
-      acc = fmaf(f, f, acc);
+        for (int j = 0; j < 8; ++j) {
+          // Past A MLX adds 0·0, which leaves the sum as it is.
+          if (v * 8 + j < A) {
+            const float f = __bfloat162float(x[j]);
+            acc = fmaf(f, f, acc);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) tmp[threadIdx.x >> 5] = acc;
+  }
+  __syncthreads();
+  float acc = lane < BLOCK / 32 ? tmp[lane] : 0.0f;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  return rsqrtf(__fadd_rn(__fdiv_rn(acc, (float)A), eps));
+}
+// MLX's rope_single / rope_single_freqs (non-traditional, forward), split in two: the angle of
+// pair p, as read from their sm_90a SASS (docs/custom-kernels.md): IEEE d = p / HALF,
+// exp2f(-(d·log2 base)) or the correctly rounded 1/freq, theta = (scale·offset)·inv, cosf and sinf
+// (not sincosf, whose zero signs differ);
+template <int RD, int ROPE, typename F>
+__device__ __forceinline__ void mlxb_rope_angle(int p, float pos, float log2_base, const F* freqs, float& c, float& s) {
+  constexpr int HALF = RD / 2;
+  const float inv = ROPE == 1 ? exp2f(-__fmul_rn(__fdiv_rn((float)p, (float)HALF), log2_base)) : __frcp_rn((float)freqs[p]);
+  const float theta = __fmul_rn(pos, inv);
+  c = cosf(theta);
+  s = sinf(theta);
+}
+// and one output of the pair (x1, x2): the x2 product rounded first and the x1 product fused.
+__device__ __forceinline__ __nv_bfloat16 mlxb_rope_apply(__nv_bfloat16 x1, __nv_bfloat16 x2, float c, float s, bool first) {
+  const float a = __bfloat162float(x1), b = __bfloat162float(x2);
+  return __float2bfloat16_rn(first ? __fmaf_rn(a, c, -__fmul_rn(b, s)) : __fmaf_rn(a, s, __fmul_rn(b, c)));
+}
+// One output: bf16(x·r), then times the weight in bf16 (no weight: MLX multiplies by 1).
+__device__ __forceinline__ __nv_bfloat16 mlxb_norm_out(__nv_bfloat16 x, float r, __nv_bfloat16 w, bool weighted) {
+  const __nv_bfloat16 y = __float2bfloat16_rn(__bfloat162float(x) * r);
+  return weighted ? __hmul_rn(w, y) : y;
+}
+// One head of a projection's output: src normed by w (none: v) into dst; with ROPE and \`rotate\`
+// (q and k), then rotated at pos. A block per head (\`rotate\` is the same for every thread); a
+// thread takes values e = threadIdx.x + WIDE·m: it loads its weights and computes its angles while
+// its values load, and reads a rotation's partner value from the staged row.
+template <int WIDE, int BLOCK, int CHUNKS, int A, int ROPE, int RD, typename F>
+__device__ __forceinline__ void mlxb_head_norm(const __nv_bfloat16* src, __nv_bfloat16* dst, const __nv_bfloat16* w, bool rotate, float eps,
+                                               float pos, float log2_base, const F* freqs, float* tmp, uint4* row4) {
+  constexpr int EPT = (A + WIDE - 1) / WIDE;
+  constexpr int HALF = RD / 2;
+  __nv_bfloat16* row = reinterpret_cast<__nv_bfloat16*>(row4);
+  const bool rot = ROPE != 0 && rotate;
+  __nv_bfloat16 xv[EPT], w1[EPT], w2[EPT];
+  float c[EPT], s[EPT];
+#pragma unroll
+  for (int m = 0; m < EPT; ++m) {
+    const int e = (int)threadIdx.x + WIDE * m;
+    xv[m] = w1[m] = w2[m] = __float2bfloat16_rn(0.0f);
+    c[m] = s[m] = 0.0f;
+    if (e < A) {
+      xv[m] = src[e];
+      const int p = rot && e < RD ? (e < HALF ? e : e - HALF) : e;
+      if (w) {
+        w1[m] = w[p];
+        if (rot && e < RD) w2[m] = w[p + HALF];
+      }
+      if (rot && e < RD) mlxb_rope_angle<RD, ROPE>(p, pos, log2_base, freqs, c[m], s[m]);
     }
   }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (BLOCK > 32) {
-    const int lane = (int)(threadIdx.x & 31u);
-    if (lane == 0) tmp[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    acc = lane < BLOCK / 32 ? tmp[lane] : 0.0f;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  for (int m = 0; m < EPT; ++m) {
+    const int e = (int)threadIdx.x + WIDE * m;
+    if (e < A) row[e] = xv[m];
   }
-  return rsqrtf(__fadd_rn(__fdiv_rn(acc, (float)A), eps));
-}
-// MLX's rope_single / rope_single_freqs (non-traditional, forward) for element i of a normed row,
-// as read from their sm_90a SASS (docs/custom-kernels.md): IEEE d = p / HALF, exp2f(-(d·log2 base))
-// or the correctly rounded 1/freq, theta = (scale·offset)·inv, cosf and sinf (not sincosf, whose
-// zero signs differ), and each output with the x2 product rounded first and the x1 product fused.
-template <int RD, int ROPE, typename F>
-__device__ __forceinline__ __nv_bfloat16 mlxb_rope_one(const __nv_bfloat16* row, int i, float pos, float log2_base, const F* freqs) {
-  constexpr int HALF = RD / 2;
-  const int p = i < HALF ? i : i - HALF;
-  const float inv = ROPE == 1 ? exp2f(-__fmul_rn(__fdiv_rn((float)p, (float)HALF), log2_base)) : __frcp_rn((float)freqs[p]);
-  const float theta = __fmul_rn(pos, inv);
-  const float c = cosf(theta);
-  const float s = sinf(theta);
-  const float x1 = __bfloat162float(row[p]);
-  const float x2 = __bfloat162float(row[p + HALF]);
-  return __float2bfloat16_rn(i < HALF ? __fmaf_rn(x1, c, -__fmul_rn(x2, s)) : __fmaf_rn(x1, s, __fmul_rn(x2, c)));
-}
-// One output: bf16(x·r), then times the weight in bf16 (no weight: MLX multiplies by 1).
-__device__ __forceinline__ __nv_bfloat16 mlxb_norm_out(__nv_bfloat16 x, float r, const __nv_bfloat16* w, int e) {
-  const __nv_bfloat16 y = __float2bfloat16_rn(__bfloat162float(x) * r);
-  return w ? __hmul_rn(w[e], y) : y;
-}
-// f(i, j, c) for each value a thread holds, vector i, value j, column c < A (mlxb_norm_load's map).
-template <int BLOCK, int CHUNKS, int A, typename Fn>
-__device__ __forceinline__ void mlxb_norm_each(Fn f) {
+  __syncthreads();
+  const float r = mlxb_norm_rscale<BLOCK, CHUNKS, A>(row4, eps, tmp);
+  const bool weighted = w != nullptr;
 #pragma unroll
-  for (int i = 0; i < CHUNKS; ++i) {
-    const int e = (BLOCK * i + (int)threadIdx.x) * 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) if (e + j < A) f(i, j, e + j);
+  for (int m = 0; m < EPT; ++m) {
+    const int e = (int)threadIdx.x + WIDE * m;
+    if (e >= A) continue;
+    if (rot && e < RD) {
+      const int p = e < HALF ? e : e - HALF;
+      const __nv_bfloat16 x1 = mlxb_norm_out(row[p], r, w1[m], weighted);
+      const __nv_bfloat16 x2 = mlxb_norm_out(row[p + HALF], r, w2[m], weighted);
+      dst[e] = mlxb_rope_apply(x1, x2, c[m], s[m], e < HALF);
+    } else {
+      dst[e] = mlxb_norm_out(xv[m], r, w1[m], weighted);
+    }
   }
-}
-// One head of a projection's output: src normed by w (none: v) into dst; with ROPE and \`rotate\`
-// (q and k), then rotated at pos, the normed row passing through shared row_n (a rotation pairs
-// values of other threads). A block per head: \`rotate\` is the same for every thread of it.
-template <int BLOCK, int CHUNKS, int A, int ROPE, int RD, typename F>
-__device__ __forceinline__ void mlxb_head_norm(const __nv_bfloat16* src, __nv_bfloat16* dst, const __nv_bfloat16* w, bool rotate, float eps,
-                                               float pos, float log2_base, const F* freqs, float* tmp, __nv_bfloat16* row_n) {
-  __nv_bfloat16 vals[CHUNKS][8];
-  mlxb_norm_load<BLOCK, CHUNKS, A>(src, vals);
-  const float r = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, eps, tmp);
-  if (ROPE != 0 && rotate) {
-    mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { row_n[c] = mlxb_norm_out(vals[i][j], r, w, c); });
-    __syncthreads();
-    mlxb_norm_each<BLOCK, CHUNKS, A>([&](int, int, int c) { dst[c] = c < RD ? mlxb_rope_one<RD, ROPE>(row_n, c, pos, log2_base, freqs) : row_n[c]; });
-    return;
-  }
-  mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { dst[c] = mlxb_norm_out(vals[i][j], r, w, c); });
 }
 `;
 
-// What a heads kernel takes once per block: shared scratch, eps, and the position and base of RoPE.
+// What a heads kernel takes once per block: shared scratch (the head's row, the warp sums), eps,
+// and the position and base of RoPE.
 const HEADS_PRELUDE_CUDA = `
-  __shared__ float tmp[BLOCK / 32];
-  __shared__ __nv_bfloat16 row_n[ROPE != 0 ? A : 1];
+  __shared__ float tmp[32];
+  __shared__ uint4 row4[(A + 7) / 8];
   const float eps = __uint_as_float((unsigned)EPS_BITS);
   const float pos = ROPE != 0 ? __fmul_rn(__uint_as_float((unsigned)SCALE_BITS), (float)offset[0]) : 0.0f;
   const float log2_base = __uint_as_float((unsigned)BASE_BITS);
@@ -136,36 +170,72 @@ const QKV_CUDA = `${HEADS_PRELUDE_CUDA}
     const int vh = h - HQ - HK;
     src += (HV ? HQ + HK + vh : HQ + vh) * A; dst = v + ((size_t)row * HK + vh) * A; w = nullptr;
   }
-  mlxb_head_norm<BLOCK, CHUNKS, A, ROPE, RD>(src, dst, w, h < HQ + HK, eps, pos, log2_base, freqs, tmp, row_n);
+  mlxb_head_norm<WIDE, BLOCK, CHUNKS, A, ROPE, RD>(src, dst, w, h < HQ + HK, eps, pos, log2_base, freqs, tmp, row4);
 `;
 
 // The queries alone (a KV-sharing layer's projection): a block per q head.
 const Q_CUDA = `${HEADS_PRELUDE_CUDA}
   const size_t head = (size_t)blockIdx.x * A;
-  mlxb_head_norm<BLOCK, CHUNKS, A, ROPE, RD>(x + head, q + head, q_w, true, eps, pos, log2_base, freqs, tmp, row_n);
+  mlxb_head_norm<WIDE, BLOCK, CHUNKS, A, ROPE, RD>(x + head, q + head, q_w, true, eps, pos, log2_base, freqs, tmp, row4);
 `;
 
-// h + rms_norm(y, post_w), times the scale where HAS_SCALE, to h_out; the sum stays in `vals`.
-const RESIDUAL_SUM_CUDA = `
-  __shared__ float tmp1[BLOCK / 32];
+// h + rms_norm(y, post_w), times the scale where HAS_SCALE, to h_out; with NEXT, then the sum's
+// norm by next_w to n_out. Every input a thread needs is loaded before the first sum.
+const residualSource = (next: boolean): string => `
+  constexpr int EPT = (A + WIDE - 1) / WIDE;
+  __shared__ float tmp[32];
+  __shared__ uint4 row4[(A + 7) / 8];
+  __nv_bfloat16* row = reinterpret_cast<__nv_bfloat16*>(row4);
   const float eps = __uint_as_float((unsigned)EPS_BITS);
   const size_t base = (size_t)blockIdx.x * A;
-  __nv_bfloat16 vals[CHUNKS][8];
-  mlxb_norm_load<BLOCK, CHUNKS, A>(y + base, vals);
-  const float r1 = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, eps, tmp1);
-  mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) {
-    __nv_bfloat16 s = __hadd_rn(h[base + c], mlxb_norm_out(vals[i][j], r1, post_w, c));
-    if (HAS_SCALE) s = __hmul_rn(s, scale[0]);
-    h_out[base + c] = s;
-    vals[i][j] = s;
-  });
-`;
-
-// Then the sum's norm by next_w to n_out.
-const RESIDUAL_NEXT_CUDA = `
-  __shared__ float tmp2[BLOCK / 32];
-  const float r2 = mlxb_norm_rscale<BLOCK, CHUNKS, A>(vals, eps, tmp2);
-  mlxb_norm_each<BLOCK, CHUNKS, A>([&](int i, int j, int c) { n_out[base + c] = mlxb_norm_out(vals[i][j], r2, next_w, c); });
+  const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
+  __nv_bfloat16 yv[EPT], hv[EPT], pw[EPT], nw[EPT];
+#pragma unroll
+  for (int m = 0; m < EPT; ++m) {
+    const int e = (int)threadIdx.x + WIDE * m;
+    yv[m] = hv[m] = pw[m] = nw[m] = zero;
+    if (e < A) {
+      yv[m] = y[base + e];
+      hv[m] = h[base + e];
+      pw[m] = post_w[e];
+      ${next ? "nw[m] = next_w[e];" : ""}
+    }
+  }
+  const __nv_bfloat16 sc = HAS_SCALE ? scale[0] : zero;
+#pragma unroll
+  for (int m = 0; m < EPT; ++m) {
+    const int e = (int)threadIdx.x + WIDE * m;
+    if (e < A) row[e] = yv[m];
+  }
+  __syncthreads();
+  const float r1 = mlxb_norm_rscale<BLOCK, CHUNKS, A>(row4, eps, tmp);
+#pragma unroll
+  for (int m = 0; m < EPT; ++m) {
+    const int e = (int)threadIdx.x + WIDE * m;
+    __nv_bfloat16 s = __hadd_rn(hv[m], mlxb_norm_out(yv[m], r1, pw[m], true));
+    if (HAS_SCALE) s = __hmul_rn(s, sc);
+    yv[m] = s;
+    if (e < A) h_out[base + e] = s;
+  }
+${
+  next
+    ? `  // mlxb_norm_rscale's barrier came after every read of the row: it can take the sums now.
+#pragma unroll
+  for (int m = 0; m < EPT; ++m) {
+    const int e = (int)threadIdx.x + WIDE * m;
+    if (e < A) row[e] = yv[m];
+  }
+  // The warp sums of the first norm are read by then too (every thread read them before this barrier).
+  __syncthreads();
+  const float r2 = mlxb_norm_rscale<BLOCK, CHUNKS, A>(row4, eps, tmp);
+#pragma unroll
+  for (int m = 0; m < EPT; ++m) {
+    const int e = (int)threadIdx.x + WIDE * m;
+    if (e < A) n_out[base + e] = mlxb_norm_out(yv[m], r2, nw[m], true);
+  }
+`
+    : ""
+}
 `;
 
 /** Head counts of a fused q/k/v projection's output: `hv` 0 where v is k (k = v attention). */
@@ -286,6 +356,7 @@ function headsTemplate(p: QHeads, block: number, chunks: number): [string, numbe
   const r = p.rope;
   return [
     ["A", p.dim],
+    ["WIDE", norm_threads(p.dim)],
     ["BLOCK", block],
     ["CHUNKS", chunks],
     ["EPS_BITS", f32Bits(p.eps)],
@@ -313,8 +384,8 @@ function qkvSpec(p: QkvHeads): CustomKernel {
       return {
         output_shapes: [shape(p.hq), shape(p.hk), shape(p.hk)],
         output_dtypes: ["bfloat16", "bfloat16", "bfloat16"],
-        grid: [rows * (p.hq + 2 * p.hk) * block, 1, 1],
-        threadgroup: [block, 1, 1],
+        grid: [rows * (p.hq + 2 * p.hk) * norm_threads(p.dim), 1, 1],
+        threadgroup: [norm_threads(p.dim), 1, 1],
         template: [["HQ", p.hq], ["HK", p.hk], ["HV", p.hv], ...headsTemplate(p, block, chunks)],
       };
     },
@@ -335,8 +406,8 @@ function qSpec(p: QHeads): CustomKernel {
       return {
         output_shapes: [p.rope ? [1, p.hq, 1, p.dim] : [...x!.shape.slice(0, -1), p.hq, p.dim]],
         output_dtypes: ["bfloat16"],
-        grid: [rows * p.hq * block, 1, 1],
-        threadgroup: [block, 1, 1],
+        grid: [rows * p.hq * norm_threads(p.dim), 1, 1],
+        threadgroup: [norm_threads(p.dim), 1, 1],
         template: headsTemplate(p, block, chunks),
       };
     },
@@ -436,7 +507,7 @@ function residualSpec(p: ResidualNorm): CustomKernel {
     name: p.next ? "mlxb_residual_norm_exact" : "mlxb_residual_exact",
     input_names: p.next ? ["h", "y", "post_w", "next_w", "scale"] : ["h", "y", "post_w", "scale"],
     output_names: p.next ? ["h_out", "n_out"] : ["h_out"],
-    cuda: { source: p.next ? RESIDUAL_SUM_CUDA + RESIDUAL_NEXT_CUDA : RESIDUAL_SUM_CUDA, header: HEADER_CUDA },
+    cuda: { source: residualSource(p.next), header: HEADER_CUDA },
     validate: (inputs) => residualCheck(inputs, p),
     reference: (inputs, s) => residualReference(inputs, p, s),
     launch: ([h]) => {
@@ -445,10 +516,11 @@ function residualSpec(p: ResidualNorm): CustomKernel {
       return {
         output_shapes: p.next ? [h!.shape, h!.shape] : [h!.shape],
         output_dtypes: p.next ? ["bfloat16", "bfloat16"] : ["bfloat16"],
-        grid: [(h!.size / a) * block, 1, 1],
-        threadgroup: [block, 1, 1],
+        grid: [(h!.size / a) * norm_threads(a), 1, 1],
+        threadgroup: [norm_threads(a), 1, 1],
         template: [
           ["A", a],
+          ["WIDE", norm_threads(a)],
           ["BLOCK", block],
           ["CHUNKS", chunks],
           ["EPS_BITS", f32Bits(p.eps)],
