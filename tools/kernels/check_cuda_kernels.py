@@ -551,7 +551,14 @@ def qmv_exact_launch(m, n, k, gs, bits=4, chunks=4, staged=False, rpw=None):
     r = m if m <= 7 else 1
     xs, rpw = qmv_exact_stage(r, n, k, staged, rpw)
     return dict(grid=(-(-n // (8 * rpw)) * 256, m // r, 1), threadgroup=(256, 1, 1),
-                template=[("K", k), ("GS", gs), ("R", r), ("BITS", bits), ("CH", chunks), ("XS", xs), ("RPW", rpw)])
+                template=[("K", k), ("GS", gs), ("R", r), ("BITS", bits), ("CH", chunks), ("XS", xs), ("RPW", rpw), ("GLU", 0)])
+
+
+def qmv_exact_geglu_launch(m, n, k, gs, bits=4):
+    """qmv-exact.ts's qmv_exact_geglu_kernel launch: n rows of w (gate over up), n / 2 outputs, one warp each."""
+    r = m if m <= 7 else 1
+    return dict(grid=(-(-(n // 2) // 8) * 256, m // r, 1), threadgroup=(256, 1, 1),
+                template=[("K", k), ("GS", gs), ("R", r), ("BITS", bits), ("CH", 4), ("XS", 0), ("RPW", 1), ("GLU", 1)])
 
 
 def qmv_exact_cases(shapes=QMV_EXACT_SHAPES, seed=100):
@@ -618,6 +625,55 @@ def check_qmv_exact(k, emulate):
         for label, launch, (x, wq, scales, biases, gs, bits) in qmv_exact_cases(QMV_EXACT_GPU_SHAPES, 191):
             ref, how = mlx_op_reference(x, wq, scales, biases, gs, bits)
             ok = compare(f"mlxb_qmv_exact {label} ({how}, bit for bit)", k(**launch)[0], ref, 0, 0) and ok
+    return ok
+
+
+# (x leading shape, rows of the gate (and of the up) part, K, group, bits): the gate/up matvec with
+# mlx-lm's GeGLU after it (mlxb_qmv_exact_geglu). Emulated: small stacks, ragged parts, several rows.
+QMV_GEGLU_SHAPES = [((1,), 24, 512, 64, 4), ((1, 1), 13, 1024, 32, 4), ((3,), 16, 640, 64, 4), ((1,), 10, 256, 64, 8)]
+# On a GPU: the 12B's gate/up (2 × 15,360 over 3,840), the 1B's (2 × 6,144 over 1,152 ... 1,536), rows of x.
+QMV_GEGLU_GPU_SHAPES = [((1, 1), 15360, 3840, 64, 4), ((1, 1), 6144, 1536, 64, 4), ((3, 1), 15360, 3840, 64, 4), ((1, 1), 2048, 1536, 64, 8)]
+
+
+def bf16_round(a):
+    """float32 values rounded to bf16 (round to nearest even), as float32."""
+    return np.array(mx.array(np.asarray(a, np.float32)).astype(mx.bfloat16).astype(mx.float32))
+
+
+def geglu_cuda_model(g, u):
+    """mlx-lm's geglu as mlxb_geglu_exact computes it: every op on bf16 values, rounded to bf16, in the
+    order of MLX's compiled tape; libm's powf and tanhf stand in for CUDA's (as the emulator's functors)."""
+    g, u = (np.array(a.astype(mx.float32)) for a in (g, u))
+    c = lambda v: bf16_round(np.float32(v))
+    powv = np.vectorize(lambda a: LIBM.powf(float(a), 3.0), otypes=[np.float32])
+    tanhv = np.vectorize(lambda a: LIBM.tanhf(float(a)), otypes=[np.float32])
+    cube = bf16_round(c(0.044715) * bf16_round(powv(g)))
+    inner = bf16_round(c(0.7978845608028654) * bf16_round(g + cube))
+    gelu = bf16_round(bf16_round(c(0.5) * g) * bf16_round(c(1.0) + bf16_round(tanhv(inner))))
+    return mx.array(bf16_round(gelu * u)).astype(mx.bfloat16)
+
+
+def mlx_lm_geglu():
+    """mlx-lm's gemma4_text.geglu: gelu_approx(gate) · x, compiled shapeless."""
+    import mlx.nn as nn
+    return mx.compile(lambda gate, x: nn.gelu_approx(gate) * x, shapeless=True)
+
+
+def check_qmv_exact_geglu(k, emulate):
+    ok = True
+    geglu = None if emulate else mlx_lm_geglu()
+    for i, (lead, f, kk, gs, bits) in enumerate(QMV_GEGLU_SHAPES if emulate else QMV_GEGLU_GPU_SHAPES):
+        x, wq, scales, biases = qmv_inputs(lead, 2 * f, kk, bits, gs, mx.bfloat16, 230 + i)
+        out = k(inputs=[x, wq, scales, biases], output_shapes=[(*lead, f)], output_dtypes=[mx.bfloat16],
+                **qmv_exact_geglu_launch(math.prod(lead), 2 * f, kk, gs, bits))[0]
+        label = f"x{lead} gate/up 2 × {f} K{kk} {bits}-bit g{gs}"
+        if emulate:
+            both = mlx_cuda_qmv_model(x, wq, scales, biases, gs, bits)
+            ok = compare(f"mlxb_qmv_exact_geglu {label} (MLX CUDA model)", out, geglu_cuda_model(both[..., :f], both[..., f:]), 0, 0) and ok
+        else:
+            parts = [mlx_op_reference(x, wq[r:r + f], scales[r:r + f], biases[r:r + f], gs, bits)[0] for r in (0, f)]
+            ok = compare(f"mlxb_qmv_exact_geglu {label} (MLX's op per part, mlx-lm's compiled geglu, bit for bit)", out,
+                         geglu(*parts), 0, 0) and ok
     return ok
 
 
@@ -789,9 +845,11 @@ def eps_bits(eps):
 
 
 LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
-for _f in ("cosf", "sinf", "exp2f"):
+for _f in ("cosf", "sinf", "exp2f", "tanhf"):
     getattr(LIBM, _f).restype = ctypes.c_float
     getattr(LIBM, _f).argtypes = [ctypes.c_float]
+LIBM.powf.restype = ctypes.c_float
+LIBM.powf.argtypes = [ctypes.c_float, ctypes.c_float]
 
 
 def f32_fma(a, b, c):
@@ -1217,6 +1275,8 @@ def main() -> None:
         ok = check_turbo_encode(compiled(specs["mlxb_turbo_encode_values"], emulate), specs["mlxb_turbo_encode_values"], emulate, quick) and ok
     if "mlxb_qmv_exact" in specs and (not only or "mlxb_qmv_exact" in only):
         ok = check_qmv_exact(compiled(specs["mlxb_qmv_exact"], emulate), emulate) and ok
+    if "mlxb_qmv_exact_geglu" in specs and (not only or "mlxb_qmv_exact_geglu" in only):
+        ok = check_qmv_exact_geglu(compiled(specs["mlxb_qmv_exact_geglu"], emulate), emulate) and ok
     for name, check in (("mlxb_qkv_norm_exact", check_qkv_norm), ("mlxb_q_norm_exact", check_q_norm),
                         ("mlxb_residual_norm_exact", check_residual_norm), ("mlxb_residual_exact", check_residual)):
         if name in specs and (not only or name in only):

@@ -3,7 +3,7 @@
 //   bun tools/kernels/export-sources.ts out.json && python tools/kernels/check_cuda_kernels.py out.json
 import { geglu_kernel } from "../../packages/mlx-ops/src/kernels/geglu.ts";
 import { qmv_kernel } from "../../packages/mlx-ops/src/kernels/qmv.ts";
-import { qmv_exact_kernel } from "../../packages/mlx-ops/src/kernels/qmv-exact.ts";
+import { qmv_exact_geglu_kernel, qmv_exact_kernel } from "../../packages/mlx-ops/src/kernels/qmv-exact.ts";
 import { q_norm_kernel, qkv_norm_kernel, residual_norm_kernel } from "../../packages/mlx-ops/src/kernels/norm-exact.ts";
 import { sdpa_decode_scores_kernel, sdpa_decode_values_kernel } from "../../packages/mlx-ops/src/kernels/sdpa-decode.ts";
 import { LLOYD_MAX_GAUSSIAN } from "../../packages/mlx-ops/src/turboquant.ts";
@@ -20,6 +20,7 @@ const kernels = [
   geglu_kernel,
   qmv_kernel,
   qmv_exact_kernel,
+  qmv_exact_geglu_kernel,
   // The constants (heads, eps) are template arguments: any instance carries the source.
   qkv_norm_kernel({ hq: 1, hk: 1, hv: 1, dim: 256, eps: 1e-6 }),
   q_norm_kernel({ hq: 1, dim: 256, eps: 1e-6 }),

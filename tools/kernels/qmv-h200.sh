@@ -8,6 +8,7 @@
 # from this script's own start: run-h200.sh spends ~30 s before it):
 #   check    check_cuda_kernels.py --only ${CHECK_ONLY:-mlxb_qmv} (NVRTC + every case against the reference)
 #   sweep    sdpa_decode_sweep.py: the decode attention kernels against MLX's composition over 256 shapes
+#   encode   tools/bench/device/launch-encode.ts: MLX's encode per op kind of a 12B step (µs a call)
 #   bench    tools/kernels/bench_qmv.py [--sweep with SWEEP=1]: µs and GB/s per shape, ours vs MLX
 #   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)
 #   ncu12b / ncu1b   one decode step per path under ncu (tools/bench/device/decode-step-profile.ts --ncu;
@@ -61,6 +62,11 @@ for s in $STEPS; do
       fits 60 || continue
       log "sdpa_decode_sweep.py"
       (cd tools/kernels && timeout "$(left 150)" "$PY" sdpa_decode_sweep.py /tmp/kernel-sources.json 2>&1 | tee "$OUT/sdpa-decode-sweep.log" | tail -3)
+      ;;
+    encode)
+      fits 60 || continue
+      log "launch-encode.ts"
+      timeout "$(left 120)" $B tools/bench/device/launch-encode.ts --calls 400 --reps 5 2>&1 | tee "$OUT/launch-encode.md" | tail -16
       ;;
     bench)
       fits 60 || continue

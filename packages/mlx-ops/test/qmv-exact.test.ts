@@ -2,14 +2,15 @@
 // MLX's CUDA qmv arithmetic written from MLX's SASS (tools/kernels/check_cuda_kernels.py, zero
 // tolerance); bad inputs refused before any path; and, where CUDA is live, bit equality with
 // MLX's own quantized_matmul (the test that decides whether anything may route calls to it).
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, test } from "vitest";
 import { type MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { astype } from "../src/elementwise.ts";
 import { gpu_backend } from "../src/kernels/kernel.ts";
-import { qmv_exact, qmv_exact_kernel, qmv_exact_stage, set_qmv_exact_staged } from "../src/kernels/qmv-exact.ts";
+import { qmv_exact_geglu, quantized_linear_geglu, set_qmv_exact_geglu } from "../src/kernels/qmv.ts";
+import { qmv_exact, qmv_exact_geglu_kernel, qmv_exact_kernel, qmv_exact_stage, set_qmv_exact_staged } from "../src/kernels/qmv-exact.ts";
 import { quantized_matmul } from "../src/quantized.ts";
 import { emulatedCheck, exportKernelSources } from "./emulated-check.ts";
 import { expectExact, quantizedInputs, randn } from "./seeded-inputs.ts";
@@ -38,6 +39,61 @@ describe("mlxb_qmv_exact", () => {
     },
     300_000,
   );
+
+  test.runIf(process.platform === "linux")(
+    "the gate/up matvec with its GeGLU (mlxb_qmv_exact_geglu), emulated, equals the model op for op; a wrong pairing does not",
+    () => {
+      const sources = exportKernelSources(dir);
+      const r = emulatedCheck(sources, "mlxb_qmv_exact_geglu");
+      const bad = r.out.split("\n").filter((l) => l.length > 0 && !/outside tolerance 0$/.test(l) && !l.startsWith("RESULT PASS"));
+      expect({ code: r.code, bad, stderr: r.stderr }).toEqual({ code: 0, bad: [], stderr: r.stderr });
+      expect(r.out).toMatch(/RESULT PASS \(4 comparisons\)/);
+      // The product of the gate's GeGLU with the gate instead of the up row must fail the model.
+      const specs = JSON.parse(readFileSync(sources, "utf8")) as { name: string; cuda: { header: string } }[];
+      const mutated = specs
+        .filter((s) => s.name === "mlxb_qmv_exact_geglu")
+        .map((s) => {
+          const header = s.cuda.header.replace("return Multiply{}(gelu, up);", "return Multiply{}(gelu, x);");
+          expect(header).not.toBe(s.cuda.header);
+          return { ...s, cuda: { ...s.cuda, header } };
+        });
+      const mutatedPath = join(dir, "mutated-geglu.json");
+      writeFileSync(mutatedPath, JSON.stringify(mutated));
+      const m = emulatedCheck(mutatedPath, "mlxb_qmv_exact_geglu");
+      expect(m.code).toBe(1);
+      expect(m.out).toMatch(/RESULT FAIL/);
+    },
+    300_000,
+  );
+
+  test("the fused gate/up + GeGLU launch: off by default, its setting, and the stacks it refuses", () => {
+    const saved = process.env.MLX_BUN_QMV_GEGLU;
+    const xs = inputs([1], 16, 256, 64, 11);
+    try {
+      const [x, w, s, b] = xs;
+      delete process.env.MLX_BUN_QMV_GEGLU;
+      set_qmv_exact_geglu(undefined);
+      expect(qmv_exact_geglu()).toBe(false);
+      expect(quantized_linear_geglu(x!, w!, s!, b!, { group_size: 64, bits: 4 }, 8)).toBeNull();
+      process.env.MLX_BUN_QMV_GEGLU = "maybe";
+      set_qmv_exact_geglu(undefined);
+      expect(() => qmv_exact_geglu()).toThrow("MLX_BUN_QMV_GEGLU=maybe: expected 0, 1, on or off");
+      set_qmv_exact_geglu(true);
+      // A part size that is not half the stack: refused (the caller runs the matvec and its GeGLU).
+      expect(quantized_linear_geglu(x!, w!, s!, b!, { group_size: 64, bits: 4 }, 6)).toBeNull();
+      const odd = inputs([1], 15, 256, 64, 12);
+      try {
+        expect(() => qmv_exact_geglu_kernel.run(odd)).toThrow(/w has 15 rows: a gate\/up stack needs as many up rows as gate rows/);
+      } finally {
+        dispose(odd);
+      }
+    } finally {
+      if (saved === undefined) delete process.env.MLX_BUN_QMV_GEGLU;
+      else process.env.MLX_BUN_QMV_GEGLU = saved;
+      set_qmv_exact_geglu(undefined);
+      dispose(xs);
+    }
+  });
 
   test("the staged launch's plan: one row of x that fits shared memory, rows a warp toward one wave of blocks", () => {
     expect(qmv_exact_stage(1, 15360, 3840, true)).toEqual({ xs: 1, rpw: 4 }); // 1,920 blocks of 8 rows → 480

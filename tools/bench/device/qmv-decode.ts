@@ -3,7 +3,7 @@
 // tok/s of mlx-bun exact, mlx-bun fast and mlx-lm (tools/bench/mlx_lm_bench.py in a Python twin),
 // the order rotated every repetition; min / median / max.
 //   .native/bin/bun tools/bench/device/qmv-decode.ts --model DIR [--python PY] [--reps 5]
-//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|sdpa|dense-attn|staged|next|candidates]
+//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|sdpa|dense-attn|staged|geglu|next|candidates]
 // "exact": mx.quantized_matmul everywhere (MLX_BUN_FAST_QMV=0); "fast": the qmv kernel for every
 // quantized linear with at most 16 rows of x (decode), MLX's op for prefill.
 // --ab fused compares instead fused projections off ("exact") and on ("fast", the default path:
@@ -20,6 +20,8 @@
 // sdpa_decode, MLX_BUN_SDPA_DECODE=on: MLX's rounding points in two launches instead of four, not its
 // bits): the KL is the test.
 // --ab staged: the default against the exact matvec's staged launch (MLX_BUN_QMV_STAGED: expected KL 0);
+// --ab geglu: MLX's kernels, the default, the default with the gate/up matvec and its GeGLU in one launch
+// (MLX_BUN_QMV_GEGLU: expected KL 0 against MLX's kernels);
 // --ab next: the default, each of those two alone, both; --ab candidates: MLX's kernels, the default, each
 // candidate alone. The KL compares every side with the first.
 import { writeFileSync } from "node:fs";
@@ -57,6 +59,8 @@ interface Side {
   staged?: true;
   /** Decode attention at MLX's rounding points in two launches (mlx-ops sdpa_decode); unset: off (the default). */
   sdpa?: "on";
+  /** The gate/up matvec and its GeGLU in one launch; unset: MLX_BUN_QMV_GEGLU (default off). */
+  geglu?: true;
 }
 /** Each --ab: its sides, the reference first; the KL compares the last side with the first. */
 const AB_MODES: Record<string, Side[]> = {
@@ -89,6 +93,12 @@ const AB_MODES: Record<string, Side[]> = {
   staged: [
     { label: "mlx-bun default", qmv: "auto", norms: "auto" },
     { label: "mlx-bun default + staged matvec", qmv: "auto", norms: "auto", staged: true },
+  ],
+  // MLX's kernels (the reference), the default, the default with the fused gate/up + GeGLU launch (KL 0 expected).
+  geglu: [
+    { label: "mlx-bun MLX's kernels" },
+    { label: "mlx-bun default", qmv: "auto", norms: "auto" },
+    { label: "mlx-bun default + gate/up GeGLU launch", qmv: "auto", norms: "auto", geglu: true },
   ],
   // MLX's kernels (the reference: the default's KL must be 0), the default, and each candidate for the next default.
   candidates: [
@@ -126,6 +136,7 @@ const use = (side: Side) => {
   if (AB === "fused") setFusedProjections(side.fused ? "on" : "off");
   setDenseDecode(side.attn);
   mx.kernels.set_qmv_exact_staged(side.staged);
+  mx.kernels.set_qmv_exact_geglu(side.geglu);
   mx.kernels.set_sdpa_decode(side.sdpa ?? "off");
 };
 const result: Record<string, unknown> = { model, ab: AB, device: defaultDevice(), prompt_tokens: prompt.length, decode_tokens: TOKENS, reps: REPS };

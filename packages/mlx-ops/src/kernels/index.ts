@@ -31,12 +31,15 @@ export {
   fast_qmv_enabled,
   qmv,
   qmv_config,
+  qmv_exact_geglu,
   qmv_kernel,
   qmv_launch_of,
   qmv_shape,
   quantized_linear,
+  quantized_linear_geglu,
   quantized_linear_stacked,
   set_fast_qmv,
+  set_qmv_exact_geglu,
 } from "./qmv.ts";
 export {
   type ExactNormsSetting,

@@ -16,7 +16,9 @@
 // here by default on sm90 for matrices of ≥ 12 M weights, or every call MLX would run through its
 // qmv with MLX_BUN_FAST_QMV=exact (8-bit included: as fast as MLX's own there, not faster).
 import type { MlxArray } from "@mlx-bun/mlx-ffi";
+import { gelu_approx, multiply } from "../elementwise.ts";
 import { quantized_matmul } from "../quantized.ts";
+import { split } from "../shape.ts";
 import { custom_kernel } from "./kernel.ts";
 
 /** Group sizes MLX's qmv instantiates. */
@@ -75,6 +77,8 @@ export function qmv_exact_stage(R: number, N: number, K: number, on: boolean = q
 }
 
 const HEADER_CUDA = `
+#include "mlx/backend/cuda/device/binary_ops.cuh"
+#include "mlx/backend/cuda/device/unary_ops.cuh"
 // The accumulator type: bf16 pairs for 4-bit, float for 8-bit (as MLX's qmv).
 template <int B> struct mlxb_qmvx_acc { typedef __nv_bfloat162 type; };
 template <> struct mlxb_qmvx_acc<8> { typedef float type; };
@@ -117,6 +121,17 @@ __device__ __forceinline__ void mlxb_qmvx_accumulate(uint4 xa, uint4 xb, const _
   const uint32_t xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j] = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&xs[j]), w2[j], acc[j]);
+}
+// mlx-lm's geglu(gate, up) = gelu_approx(gate) · up as MLX 0.32's compile runs it on CUDA (two fused
+// kernels, by their ncu names: 0.044715·x³, then the rest): every op through MLX's own functor on
+// bf16 values in the tape's order, the constants Python's floats in bf16 (docs/custom-kernels.md).
+__device__ __forceinline__ __nv_bfloat16 mlxb_geglu_exact(__nv_bfloat16 x, __nv_bfloat16 up) {
+  using namespace mlx::core::cu;
+  typedef __nv_bfloat16 T;
+  const T cube = Multiply{}(T(0.044715f), Power{}(x, T(3.0f)));
+  const T inner = Multiply{}(T(0.7978845608028654f), Add{}(x, cube));
+  const T gelu = Multiply{}(Multiply{}(T(0.5f), x), Add{}(T(1.0f), Tanh{}(inner)));
+  return Multiply{}(gelu, up);
 }
 // 8-bit, one row: 8 activations (xa; xb unused) and weights promoted to float, MLX's float32 fused x·w + acc.
 __device__ __forceinline__ void mlxb_qmvx_accumulate(uint4 xa, uint4, const __nv_bfloat162* w2, float* acc) {
@@ -219,64 +234,74 @@ const CUDA = `
     }
     return;
   }
+  // GLU: w stacks gate rows over up rows; a warp takes gate row \`row\` and up row \`row + n / 2\`,
+  // each with the arithmetic of any row, and writes the geglu of their bf16 outputs (n / 2 columns).
+  const int nOut = GLU ? n / 2 : n;
   const int row = (int)blockIdx.x * ${ROWS} + (int)(threadIdx.x >> 5);
-  if (row >= n) return;
+  if (row >= nOut) return;
   // R rows of x a block (grid y: the groups of R), each against the same weights, loaded once.
   const __nv_bfloat16* xr = x + (size_t)blockIdx.y * R * K;
-  const uint8_t* wr = reinterpret_cast<const uint8_t*>(w) + (size_t)row * (K * BITS / 8);
-  const __nv_bfloat16* sr = scales + (size_t)row * (K / GS);
-  const __nv_bfloat16* br = biases + (size_t)row * (K / GS);
-  typename mlxb_qmvx_acc<BITS>::type acc[R][8];
+  __nv_bfloat16 gate[R];
+#pragma unroll 1
+  for (int half = 0; half < (GLU ? 2 : 1); ++half) {
+    const int wrow = row + half * nOut;
+    const uint8_t* wr = reinterpret_cast<const uint8_t*>(w) + (size_t)wrow * (K * BITS / 8);
+    const __nv_bfloat16* sr = scales + (size_t)wrow * (K / GS);
+    const __nv_bfloat16* br = biases + (size_t)wrow * (K / GS);
+    typename mlxb_qmvx_acc<BITS>::type acc[R][8];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) mlxb_qmvx_zero(acc[r][j]);
-  // Chunks of CW values in order; the last is partial where K % CW ≠ 0 (MLX's residue: the
-  // lanes whose E values start below K take it).
+      for (int j = 0; j < 8; ++j) mlxb_qmvx_zero(acc[r][j]);
+    // Chunks of CW values in order; the last is partial where K % CW ≠ 0 (MLX's residue: the
+    // lanes whose E values start below K take it).
 #pragma unroll
-  for (int r0 = 0; r0 < NC; r0 += CH) {
-    uint2 wq[CH];
-    uint4 xa[CH], xb[CH];
-    __nv_bfloat16 s[CH], b[CH];
-    bool live[CH];
+    for (int r0 = 0; r0 < NC; r0 += CH) {
+      uint2 wq[CH];
+      uint4 xa[CH], xb[CH];
+      __nv_bfloat16 s[CH], b[CH];
+      bool live[CH];
 #pragma unroll
-    for (int u = 0; u < CH; ++u) {
-      const int idx = (r0 + u) * CW + lane * E;
-      live[u] = r0 + u < NC && idx < K;
-      if (live[u]) {
-        wq[u] = *reinterpret_cast<const uint2*>(wr + idx * BITS / 8);
-        xa[u] = *reinterpret_cast<const uint4*>(xr + idx);
-        xb[u] = BITS == 4 ? *reinterpret_cast<const uint4*>(xr + idx + 8) : uint4{0u, 0u, 0u, 0u};
-        s[u] = sr[idx / GS];
-        b[u] = br[idx / GS];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < CH; ++u) {
-      if (live[u]) {
+      for (int u = 0; u < CH; ++u) {
         const int idx = (r0 + u) * CW + lane * E;
-        __nv_bfloat162 w2[8];
-        if constexpr (BITS == 4) mlxb_qmvx_weights4(wq[u], s[u], b[u], w2);
-        else mlxb_qmvx_weights8(wq[u], s[u], b[u], w2);
-        mlxb_qmvx_accumulate(xa[u], xb[u], w2, acc[0]);
+        live[u] = r0 + u < NC && idx < K;
+        if (live[u]) {
+          wq[u] = *reinterpret_cast<const uint2*>(wr + idx * BITS / 8);
+          xa[u] = *reinterpret_cast<const uint4*>(xr + idx);
+          xb[u] = BITS == 4 ? *reinterpret_cast<const uint4*>(xr + idx + 8) : uint4{0u, 0u, 0u, 0u};
+          s[u] = sr[idx / GS];
+          b[u] = br[idx / GS];
+        }
+      }
 #pragma unroll
-        for (int r = 1; r < R; ++r) {
-          const __nv_bfloat16* xm = xr + (size_t)r * K + idx;
-          const uint4 x1 = BITS == 4 ? *reinterpret_cast<const uint4*>(xm + 8) : uint4{0u, 0u, 0u, 0u};
-          mlxb_qmvx_accumulate(*reinterpret_cast<const uint4*>(xm), x1, w2, acc[r]);
+      for (int u = 0; u < CH; ++u) {
+        if (live[u]) {
+          const int idx = (r0 + u) * CW + lane * E;
+          __nv_bfloat162 w2[8];
+          if constexpr (BITS == 4) mlxb_qmvx_weights4(wq[u], s[u], b[u], w2);
+          else mlxb_qmvx_weights8(wq[u], s[u], b[u], w2);
+          mlxb_qmvx_accumulate(xa[u], xb[u], w2, acc[0]);
+#pragma unroll
+          for (int r = 1; r < R; ++r) {
+            const __nv_bfloat16* xm = xr + (size_t)r * K + idx;
+            const uint4 x1 = BITS == 4 ? *reinterpret_cast<const uint4*>(xm + 8) : uint4{0u, 0u, 0u, 0u};
+            mlxb_qmvx_accumulate(*reinterpret_cast<const uint4*>(xm), x1, w2, acc[r]);
+          }
         }
       }
     }
-  }
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    // The lane's accumulators in element order, in float32 from 0 (MLX: 0 + a0 + a1 + …).
-    float sum = 0.0f;
+    for (int r = 0; r < R; ++r) {
+      // The lane's accumulators in element order, in float32 from 0 (MLX: 0 + a0 + a1 + …).
+      float sum = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) sum = mlxb_qmvx_add(sum, acc[r][j]);
+      for (int j = 0; j < 8; ++j) sum = mlxb_qmvx_add(sum, acc[r][j]);
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) out[((size_t)blockIdx.y * R + r) * n + row] = __float2bfloat16_rn(sum);
+      for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      const __nv_bfloat16 y = __float2bfloat16_rn(sum);
+      if (GLU && half == 0) gate[r] = y;
+      else if (lane == 0) out[((size_t)blockIdx.y * R + r) * nOut + row] = GLU ? mlxb_geglu_exact(gate[r], y) : y;
+    }
   }
 `;
 
@@ -344,6 +369,54 @@ export const qmv_exact_kernel = custom_kernel({
         ["CH", QMV_EXACT_CHUNKS],
         ["XS", xs],
         ["RPW", rpw],
+        ["GLU", 0],
+      ],
+    };
+  },
+});
+
+/**
+ * The gate/up matvec with the GeGLU after it, in one launch: w stacks the gate rows over as many up
+ * rows; out [..., N / 2] = geglu(x @ gateᵀ, x @ upᵀ) with each product's rows MLX's qmv bits and the
+ * geglu mlx-lm's compiled one as MLX's CUDA backend runs it (every op MLX's functor, in bf16).
+ */
+export const qmv_exact_geglu_kernel = custom_kernel({
+  name: "mlxb_qmv_exact_geglu",
+  input_names: ["x", "w", "scales", "biases"],
+  output_names: ["out"],
+  cuda: { source: CUDA, header: HEADER_CUDA },
+  validate: (inputs) => {
+    const s = shapeOf(inputs);
+    if (typeof s === "string") return s;
+    return s.N % 2 === 0 ? null : `w has ${s.N} rows: a gate/up stack needs as many up rows as gate rows`;
+  },
+  reference: ([x, w, scales, biases], stream) => {
+    const { N, group_size, bits } = shapeOf([x!, w!, scales!, biases!]) as Shape;
+    using y = quantized_matmul(x!, w!, scales!, biases!, { group_size, bits, transpose: true, stream });
+    const [g, u] = split(y, [N / 2], -1, stream) as [MlxArray, MlxArray];
+    using gate = g;
+    using up = u;
+    using a = gelu_approx(gate, stream);
+    return [multiply(a, up, stream)];
+  },
+  launch: (inputs) => {
+    const x = inputs[0]!;
+    const { M, N, K, group_size, bits } = shapeOf(inputs) as Shape;
+    const R = M <= EXACT_BLOCK_ROWS ? M : 1;
+    return {
+      output_shapes: [[...x.shape.slice(0, -1), N / 2]],
+      output_dtypes: ["bfloat16"],
+      grid: [Math.ceil(N / 2 / ROWS) * ROWS * 32, M / R, 1],
+      threadgroup: [ROWS * 32, 1, 1],
+      template: [
+        ["K", K],
+        ["GS", group_size],
+        ["R", R],
+        ["BITS", bits],
+        ["CH", QMV_EXACT_CHUNKS],
+        ["XS", 0],
+        ["RPW", 1],
+        ["GLU", 1],
       ],
     };
   },

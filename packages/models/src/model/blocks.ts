@@ -7,7 +7,7 @@ import { type Cache, createCausalMask, type KvView, type Mask, plainCodec } from
 import type { LayerSpec } from "../config.ts";
 import { WeightsError } from "../errors.ts";
 import { geglu, logitSoftcap } from "./compiled.ts";
-import { type FusedLinear, fusedLinear, linearParts } from "./fused-linear.ts";
+import { type FusedLinear, fusedGeglu, fusedLinear, linearParts } from "./fused-linear.ts";
 import { embed, embedAsLinear, linear, type ModuleWeights, switchLinear } from "./nn.ts";
 import type { Scalars } from "./scalars.ts";
 import { Scope } from "./scope.ts";
@@ -284,6 +284,9 @@ export function attentionShared(lw: LayerWeights, x: Hidden, mask: Mask, donor: 
 }
 
 function mlp(lw: LayerWeights, x: MlxArray, s: Scope): MlxArray {
+  // The gate/up matvec and mlx-lm's geglu in one launch where it is on (MLX_BUN_QMV_GEGLU).
+  const glu = fusedGeglu(lw.fused?.gateUp, [lw.gate, lw.up], x);
+  if (glu) return linear(lw.down, s.t(glu));
   const [g, u] = linearParts(lw.fused?.gateUp, [lw.gate, lw.up], x).map((a) => s.t(a));
   const prod = s.t(geglu(g!, u!));
   return linear(lw.down, prod);

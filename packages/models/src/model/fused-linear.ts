@@ -96,6 +96,18 @@ export function fusedLinear(group: FusedLinear | undefined, parts: readonly Modu
   return mx.kernels.quantized_linear_stacked(x, f.weight, f.scales!, f.biases, qopts(f.quant!), group.tall);
 }
 
+/**
+ * mlx-lm's `geglu(gate, up)` of a fused gate/up pair in one launch (the matvec with the GeGLU after
+ * it: mx.kernels.quantized_linear_geglu, where that launch is on and takes the stack), else null.
+ */
+export function fusedGeglu(group: FusedLinear | undefined, parts: readonly ModuleWeights[], x: MlxArray): MlxArray | null {
+  if (!group || parts.length !== 2 || !usable(group, parts, x) || fusedProjections() !== "on") return null;
+  const f = group.fused;
+  const rows = group.splits[0]!;
+  if (f.weight.shape[0] !== 2 * rows) return null;
+  return mx.kernels.quantized_linear_geglu(x, f.weight, f.scales!, f.biases, qopts(f.quant!), rows);
+}
+
 function usable(g: FusedLinear, parts: readonly ModuleWeights[], x: MlxArray): boolean {
   if (x.size !== x.shape[x.ndim - 1]) return false;
   if (parts.length !== g.parts.length) return false;
