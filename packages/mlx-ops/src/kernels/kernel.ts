@@ -100,6 +100,30 @@ export interface KernelEnvironment {
   reference_only?: boolean;
 }
 
+/** A process-wide on/off choice of a kernel path: `set` wins, else its environment variable (1|on, 0|off, unset: off) read once. */
+export class KernelSwitch {
+  #set: boolean | undefined;
+  #env: boolean | undefined;
+  constructor(readonly envName: string) {}
+
+  /** Choose for this process; undefined goes back to the environment variable. */
+  set(on: boolean | undefined): void {
+    this.#set = on;
+    this.#env = undefined;
+  }
+
+  get(): boolean {
+    if (this.#set !== undefined) return this.#set;
+    if (this.#env === undefined) {
+      const v = process.env[this.envName];
+      if (v === undefined || v === "" || v === "0" || v === "off") this.#env = false;
+      else if (v === "1" || v === "on") this.#env = true;
+      else throw new Error(`${this.envName}=${v}: expected 0, 1, on or off`);
+    }
+    return this.#env;
+  }
+}
+
 let backendCache: GpuBackend | null | undefined;
 
 /** The live GPU backend: Metal (macOS), CUDA (Linux + mlx-cuda), or null (CPU-only build). */

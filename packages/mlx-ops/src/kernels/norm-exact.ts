@@ -37,6 +37,15 @@ export function norm_threads(axis: number): number {
 // e = threadIdx.x + WIDE·m, so the element-wise work is spread over up to 16 warps; only the sum of
 // squares keeps MLX's partition, taken by threads t < BLOCK from the row staged in shared memory.
 const HEADER_CUDA = `
+// A thread's values e = threadIdx.x + WIDE·m (m < EPT, e < A) into the row staged in shared memory.
+template <int WIDE, int A, int EPT>
+__device__ __forceinline__ void mlxb_row_put(__nv_bfloat16* row, const __nv_bfloat16 (&v)[EPT]) {
+#pragma unroll
+  for (int m = 0; m < EPT; ++m) {
+    const int e = (int)threadIdx.x + WIDE * m;
+    if (e < A) row[e] = v[m];
+  }
+}
 // MLX's reciprocal RMS over a row in shared memory (every thread of the block calls it; it
 // synchronizes once): threads t < BLOCK take rms_norm_small's vectors BLOCK·i + t (8 values each,
 // none past A) in an FFMA chain in order, then the warp butterfly, lane 0 of each warp to tmp, the
@@ -122,11 +131,7 @@ __device__ __forceinline__ void mlxb_head_norm(const __nv_bfloat16* src, __nv_bf
       if (rot && e < RD) mlxb_rope_angle<RD, ROPE>(p, pos, log2_base, freqs, c[m], s[m]);
     }
   }
-#pragma unroll
-  for (int m = 0; m < EPT; ++m) {
-    const int e = (int)threadIdx.x + WIDE * m;
-    if (e < A) row[e] = xv[m];
-  }
+  mlxb_row_put<WIDE, A, EPT>(row, xv);
   __syncthreads();
   const float r = mlxb_norm_rscale<BLOCK, CHUNKS, A>(row4, eps, tmp);
   const bool weighted = w != nullptr;
@@ -202,11 +207,7 @@ const residualSource = (next: boolean): string => `
     }
   }
   const __nv_bfloat16 sc = HAS_SCALE ? scale[0] : zero;
-#pragma unroll
-  for (int m = 0; m < EPT; ++m) {
-    const int e = (int)threadIdx.x + WIDE * m;
-    if (e < A) row[e] = yv[m];
-  }
+  mlxb_row_put<WIDE, A, EPT>(row, yv);
   __syncthreads();
   const float r1 = mlxb_norm_rscale<BLOCK, CHUNKS, A>(row4, eps, tmp);
 #pragma unroll
@@ -220,11 +221,7 @@ const residualSource = (next: boolean): string => `
 ${
   next
     ? `  // mlxb_norm_rscale's barrier came after every read of the row: it can take the sums now.
-#pragma unroll
-  for (int m = 0; m < EPT; ++m) {
-    const int e = (int)threadIdx.x + WIDE * m;
-    if (e < A) row[e] = yv[m];
-  }
+  mlxb_row_put<WIDE, A, EPT>(row, yv);
   // The warp sums of the first norm are read by then too (every thread read them before this barrier).
   __syncthreads();
   const float r2 = mlxb_norm_rscale<BLOCK, CHUNKS, A>(row4, eps, tmp);

@@ -19,7 +19,7 @@ import type { MlxArray } from "@mlx-bun/mlx-ffi";
 import { gelu_approx, multiply } from "../elementwise.ts";
 import { quantized_matmul } from "../quantized.ts";
 import { split } from "../shape.ts";
-import { custom_kernel } from "./kernel.ts";
+import { type CustomKernel, custom_kernel, KernelSwitch } from "./kernel.ts";
 
 /** Group sizes MLX's qmv instantiates. */
 export const QMV_EXACT_GROUP_SIZES: readonly number[] = [32, 64, 128];
@@ -39,8 +39,7 @@ const STAGE_TARGET_BLOCKS = 512;
 /** Most rows of w a staged warp takes. */
 const STAGE_MAX_RPW = 8;
 
-let stagedSetting: boolean | undefined;
-let stagedEnv: boolean | undefined;
+const stagedSwitch = new KernelSwitch("MLX_BUN_QMV_STAGED");
 
 /**
  * Whether one-row calls take the staged launch (x in shared memory, RPW rows of w a warp, the next
@@ -48,20 +47,12 @@ let stagedEnv: boolean | undefined;
  * are the same either way. `undefined` goes back to the environment variable.
  */
 export function set_qmv_exact_staged(on: boolean | undefined): void {
-  stagedSetting = on;
-  stagedEnv = undefined;
+  stagedSwitch.set(on);
 }
 
 /** Whether the staged launch is on (the setting, else MLX_BUN_QMV_STAGED read once). */
 export function qmv_exact_staged(): boolean {
-  if (stagedSetting !== undefined) return stagedSetting;
-  if (stagedEnv === undefined) {
-    const v = process.env.MLX_BUN_QMV_STAGED;
-    if (v === undefined || v === "" || v === "0" || v === "off") stagedEnv = false;
-    else if (v === "1" || v === "on") stagedEnv = true;
-    else throw new Error(`MLX_BUN_QMV_STAGED=${v}: expected 0, 1, on or off`);
-  }
-  return stagedEnv;
+  return stagedSwitch.get();
 }
 
 /**
@@ -336,91 +327,65 @@ function shapeOf([x, w, scales, biases]: readonly MlxArray[]): Shape | string {
   return { M, N, K, group_size, bits };
 }
 
-export const qmv_exact_kernel = custom_kernel({
-  name: "mlxb_qmv_exact",
-  input_names: ["x", "w", "scales", "biases"],
-  output_names: ["out"],
-  // No Metal source: MLX's Metal qmv rounds elsewhere (float accumulation per simdgroup).
-  cuda: { source: CUDA, header: HEADER_CUDA },
-  validate: (inputs) => {
-    const s = shapeOf(inputs);
-    return typeof s === "string" ? s : null;
-  },
-  reference: ([x, w, scales, biases], stream) => {
-    const { group_size, bits } = shapeOf([x!, w!, scales!, biases!]) as Shape;
-    return [quantized_matmul(x!, w!, scales!, biases!, { group_size, bits, transpose: true, stream })];
-  },
-  launch: (inputs) => {
-    const x = inputs[0]!;
-    const { M, N, K, group_size, bits } = shapeOf(inputs) as Shape;
-    // Up to EXACT_BLOCK_ROWS rows of x in one block (the weights read once), else one a grid row.
-    const R = M <= EXACT_BLOCK_ROWS ? M : 1;
-    const { xs, rpw } = qmv_exact_stage(R, N, K);
-    return {
-      output_shapes: [[...x.shape.slice(0, -1), N]],
-      output_dtypes: ["bfloat16"],
-      grid: [Math.ceil(N / (ROWS * rpw)) * ROWS * 32, M / R, 1],
-      threadgroup: [ROWS * 32, 1, 1],
-      template: [
-        ["K", K],
-        ["GS", group_size],
-        ["R", R],
-        ["BITS", bits],
-        ["CH", QMV_EXACT_CHUNKS],
-        ["XS", xs],
-        ["RPW", rpw],
-        ["GLU", 0],
-      ],
-    };
-  },
-});
-
 /**
- * The gate/up matvec with the GeGLU after it, in one launch: w stacks the gate rows over as many up
- * rows; out [..., N / 2] = geglu(x @ gateᵀ, x @ upᵀ) with each product's rows MLX's qmv bits and the
- * geglu mlx-lm's compiled one as MLX's CUDA backend runs it (every op MLX's functor, in bf16).
+ * The exact-order matvec's spec; with `glu`, the gate/up matvec with the GeGLU after it in one
+ * launch: w stacks the gate rows over as many up rows, out [..., N / 2] = geglu(x @ gateᵀ, x @ upᵀ),
+ * each product's rows MLX's qmv bits and the geglu mlx-lm's compiled one as MLX's CUDA backend runs
+ * it (every op MLX's functor, in bf16).
  */
-export const qmv_exact_geglu_kernel = custom_kernel({
-  name: "mlxb_qmv_exact_geglu",
-  input_names: ["x", "w", "scales", "biases"],
-  output_names: ["out"],
-  cuda: { source: CUDA, header: HEADER_CUDA },
-  validate: (inputs) => {
-    const s = shapeOf(inputs);
-    if (typeof s === "string") return s;
-    return s.N % 2 === 0 ? null : `w has ${s.N} rows: a gate/up stack needs as many up rows as gate rows`;
-  },
-  reference: ([x, w, scales, biases], stream) => {
-    const { N, group_size, bits } = shapeOf([x!, w!, scales!, biases!]) as Shape;
-    using y = quantized_matmul(x!, w!, scales!, biases!, { group_size, bits, transpose: true, stream });
-    const [g, u] = split(y, [N / 2], -1, stream) as [MlxArray, MlxArray];
-    using gate = g;
-    using up = u;
-    using a = gelu_approx(gate, stream);
-    return [multiply(a, up, stream)];
-  },
-  launch: (inputs) => {
-    const x = inputs[0]!;
-    const { M, N, K, group_size, bits } = shapeOf(inputs) as Shape;
-    const R = M <= EXACT_BLOCK_ROWS ? M : 1;
-    return {
-      output_shapes: [[...x.shape.slice(0, -1), N / 2]],
-      output_dtypes: ["bfloat16"],
-      grid: [Math.ceil(N / 2 / ROWS) * ROWS * 32, M / R, 1],
-      threadgroup: [ROWS * 32, 1, 1],
-      template: [
-        ["K", K],
-        ["GS", group_size],
-        ["R", R],
-        ["BITS", bits],
-        ["CH", QMV_EXACT_CHUNKS],
-        ["XS", 0],
-        ["RPW", 1],
-        ["GLU", 1],
-      ],
-    };
-  },
-});
+function qmvExactSpec(glu: boolean): CustomKernel {
+  return custom_kernel({
+    name: glu ? "mlxb_qmv_exact_geglu" : "mlxb_qmv_exact",
+    input_names: ["x", "w", "scales", "biases"],
+    output_names: ["out"],
+    // No Metal source: MLX's Metal qmv rounds elsewhere (float accumulation per simdgroup).
+    cuda: { source: CUDA, header: HEADER_CUDA },
+    validate: (inputs) => {
+      const s = shapeOf(inputs);
+      if (typeof s === "string") return s;
+      return !glu || s.N % 2 === 0 ? null : `w has ${s.N} rows: a gate/up stack needs as many up rows as gate rows`;
+    },
+    reference: ([x, w, scales, biases], stream) => {
+      const { N, group_size, bits } = shapeOf([x!, w!, scales!, biases!]) as Shape;
+      const y = quantized_matmul(x!, w!, scales!, biases!, { group_size, bits, transpose: true, stream });
+      if (!glu) return [y];
+      using both = y;
+      const [g, u] = split(both, [N / 2], -1, stream) as [MlxArray, MlxArray];
+      using gate = g;
+      using up = u;
+      using a = gelu_approx(gate, stream);
+      return [multiply(a, up, stream)];
+    },
+    launch: (inputs) => {
+      const x = inputs[0]!;
+      const { M, N, K, group_size, bits } = shapeOf(inputs) as Shape;
+      // Up to EXACT_BLOCK_ROWS rows of x in one block (the weights read once), else one a grid row.
+      const R = M <= EXACT_BLOCK_ROWS ? M : 1;
+      // The staged launch has no GLU form.
+      const { xs, rpw } = glu ? { xs: 0, rpw: 1 } : qmv_exact_stage(R, N, K);
+      const outRows = glu ? N / 2 : N;
+      return {
+        output_shapes: [[...x.shape.slice(0, -1), outRows]],
+        output_dtypes: ["bfloat16"],
+        grid: [Math.ceil(outRows / (ROWS * rpw)) * ROWS * 32, M / R, 1],
+        threadgroup: [ROWS * 32, 1, 1],
+        template: [
+          ["K", K],
+          ["GS", group_size],
+          ["R", R],
+          ["BITS", bits],
+          ["CH", QMV_EXACT_CHUNKS],
+          ["XS", xs],
+          ["RPW", rpw],
+          ["GLU", glu ? 1 : 0],
+        ],
+      };
+    },
+  });
+}
+
+export const qmv_exact_kernel = qmvExactSpec(false);
+export const qmv_exact_geglu_kernel = qmvExactSpec(true);
 
 /** x @ dequantize(w)ᵀ through the kernel on the GPU (its reference, MLX's op, elsewhere). */
 export function qmv_exact(x: MlxArray, w: MlxArray, scales: MlxArray, biases: MlxArray): MlxArray {

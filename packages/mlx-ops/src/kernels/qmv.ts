@@ -21,7 +21,7 @@ import { isFloating, type MlxArray, MlxError, type Stream } from "@mlx-bun/mlx-f
 import { quantized_matmul, type QuantMode } from "../quantized.ts";
 import { reshape } from "../shape.ts";
 import { on_exact_arch } from "./cuda-arch.ts";
-import { custom_kernel, inputsKey, type KernelRunOptions, kernel_environment, select_kernel_path } from "./kernel.ts";
+import { custom_kernel, inputsKey, KernelSwitch, type KernelRunOptions, kernel_environment, select_kernel_path } from "./kernel.ts";
 import { qmv_exact_geglu_kernel, qmv_exact_kernel, qmv_exact_staged } from "./qmv-exact.ts";
 
 /** Bit widths and group sizes the kernel reads. */
@@ -595,15 +595,18 @@ export function quantized_linear_stacked(
   q: { group_size: number; bits: number; mode?: QuantMode },
   partRows: number,
 ): MlxArray | null {
-  if (!biases || (q.mode ?? "affine") !== "affine" || !QMV_GROUP_SIZES.includes(q.group_size)) return null;
-  if (!shapesAgree(x, w, scales, q.bits, q.group_size)) return null;
-  if (!exactTakes(x, w, scales, biases, q.bits, q.group_size, partRows, resolve())) return null;
-  const inputs = [x, w, scales, biases];
-  return qmv_exact_kernel.runKeyed(inputs, exactKey(inputs))[0]!;
+  const inputs = exactStack(x, w, scales, biases, q, partRows);
+  return inputs && qmv_exact_kernel.runKeyed(inputs, exactKey(inputs))[0]!;
 }
 
-let gegluSetting: boolean | undefined;
-let gegluEnv: boolean | undefined;
+/** [x, w, scales, biases] where the setting takes the exact-order kernel for a stack of parts of `partRows` rows, else null. */
+function exactStack(...[x, w, scales, biases, q, partRows]: Parameters<typeof quantized_linear_stacked>): MlxArray[] | null {
+  if (!biases || (q.mode ?? "affine") !== "affine" || !QMV_GROUP_SIZES.includes(q.group_size)) return null;
+  if (!shapesAgree(x, w, scales, q.bits, q.group_size)) return null;
+  return exactTakes(x, w, scales, biases, q.bits, q.group_size, partRows, resolve()) ? [x, w, scales, biases] : null;
+}
+
+const gegluSwitch = new KernelSwitch("MLX_BUN_QMV_GEGLU");
 
 /**
  * Whether `quantized_linear_geglu` runs (MLX_BUN_QMV_GEGLU=1|0, off by default: its GeGLU is MLX's
@@ -611,20 +614,12 @@ let gegluEnv: boolean | undefined;
  * to the environment variable.
  */
 export function set_qmv_exact_geglu(on: boolean | undefined): void {
-  gegluSetting = on;
-  gegluEnv = undefined;
+  gegluSwitch.set(on);
 }
 
 /** Whether the fused gate/up + GeGLU launch is on (the setting, else MLX_BUN_QMV_GEGLU read once). */
 export function qmv_exact_geglu(): boolean {
-  if (gegluSetting !== undefined) return gegluSetting;
-  if (gegluEnv === undefined) {
-    const v = process.env.MLX_BUN_QMV_GEGLU;
-    if (v === undefined || v === "" || v === "0" || v === "off") gegluEnv = false;
-    else if (v === "1" || v === "on") gegluEnv = true;
-    else throw new Error(`MLX_BUN_QMV_GEGLU=${v}: expected 0, 1, on or off`);
-  }
-  return gegluEnv;
+  return gegluSwitch.get();
 }
 
 /**
@@ -632,17 +627,9 @@ export function qmv_exact_geglu(): boolean {
  * many up rows) in one launch where the exact-order matvec would take the stack and the fused launch
  * is on (`qmv_exact_geglu`); null otherwise (the caller runs the matvec and its GeGLU).
  */
-export function quantized_linear_geglu(
-  x: MlxArray,
-  w: MlxArray,
-  scales: MlxArray,
-  biases: MlxArray | undefined,
-  q: { group_size: number; bits: number; mode?: QuantMode },
-  partRows: number,
-): MlxArray | null {
-  if (!qmv_exact_geglu() || !biases || (q.mode ?? "affine") !== "affine" || !QMV_GROUP_SIZES.includes(q.group_size)) return null;
-  if (w.shape[0] !== 2 * partRows || !shapesAgree(x, w, scales, q.bits, q.group_size)) return null;
-  if (!exactTakes(x, w, scales, biases, q.bits, q.group_size, partRows, resolve())) return null;
-  const inputs = [x, w, scales, biases];
-  return qmv_exact_geglu_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
+export function quantized_linear_geglu(...args: Parameters<typeof quantized_linear_stacked>): MlxArray | null {
+  const [, w, , , , partRows] = args;
+  if (!gegluSwitch.get() || w.shape[0] !== 2 * partRows) return null;
+  const inputs = exactStack(...args);
+  return inputs && qmv_exact_geglu_kernel.runKeyed(inputs, inputsKey(inputs))[0]!;
 }
