@@ -43,23 +43,26 @@ VARIANTS = [
     ("mlxb_qmv", dict(BITS=4, GS=64, K=3840, N=15360, MB=4, RPW=4, SPLIT=4)),
     # MLX's own arithmetic with wider loads (qmv-exact.ts): the 12B's up and down projections, one
     # row and seven, 4-bit and 8-bit, 4 chunks in flight (the default), and 2 and 8 at one row.
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=0, RPW=1)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=4, XS=0, RPW=1)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=4, CH=4, XS=0, RPW=1)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8, CH=4, XS=0, RPW=1)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=8, CH=4, XS=0, RPW=1)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=8, CH=4, XS=0, RPW=1)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=2, XS=0, RPW=1)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=8, XS=0, RPW=1)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=8, XS=0, RPW=1)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=0, RPW=1, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=4, XS=0, RPW=1, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=4, CH=4, XS=0, RPW=1, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8, CH=4, XS=0, RPW=1, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=8, CH=4, XS=0, RPW=1, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=7, BITS=8, CH=4, XS=0, RPW=1, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=2, XS=0, RPW=1, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=8, XS=0, RPW=1, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=8, XS=0, RPW=1, GLU=0)),
     # The staged launch (x in shared memory, RPW rows a warp, loads issued across rows): the 12B's
     # gate/up stack (RPW 8), down (1), q/k/v (2) and lm_head (8), 4 and 8 chunks.
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=1, RPW=8)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=8, XS=1, RPW=8)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=4, XS=1, RPW=1)),
-    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=8, XS=1, RPW=1)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=1, RPW=2)),
-    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8, CH=4, XS=1, RPW=4)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=1, RPW=8, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=8, XS=1, RPW=8, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=4, XS=1, RPW=1, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=15360, GS=64, R=1, BITS=4, CH=8, XS=1, RPW=1, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=1, RPW=2, GLU=0)),
+    ("mlxb_qmv_exact", dict(K=3840, GS=64, R=1, BITS=8, CH=4, XS=1, RPW=4, GLU=0)),
+    # The gate/up stack with its GeGLU (two rows a warp): the 12B's (K 3,840) and the 1B's (1,536).
+    ("mlxb_qmv_exact_geglu", dict(K=3840, GS=64, R=1, BITS=4, CH=4, XS=0, RPW=1, GLU=1)),
+    ("mlxb_qmv_exact_geglu", dict(K=1536, GS=64, R=1, BITS=4, CH=4, XS=0, RPW=1, GLU=1)),
     # Decode attention at MLX's rounding points (sdpa-decode.ts): the 12B's sliding (8 KV heads of
     # 256, 2 query heads each) and full (1 KV head of 512, 16 query heads) layers.
     ("mlxb_sdpa_decode_scores", dict(D=256, REP=2, WARPS=8, TOK=32, MAXK=1024)),
@@ -102,7 +105,9 @@ extern "C" __global__ void kernel({", ".join(params)}) {{
     prog = ctypes.c_void_p()
     if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), code.encode(), b"kernel.cu", 0, None, None):
         raise RuntimeError("nvrtcCreateProgram failed")
-    opts = [b"-arch=compute_90", b"-std=c++17"] + [f"-I{os.path.join(NV, d, 'include')}".encode() for d in ("cuda_runtime", "cuda_cccl", "cuda_nvrtc")]
+    # MLX's JIT headers are not files here: tools/kernels/mlx/… stands in for the functors a body includes.
+    opts = [b"-arch=compute_90", b"-std=c++17", f"-I{os.path.dirname(os.path.abspath(__file__))}".encode()]
+    opts += [f"-I{os.path.join(NV, d, 'include')}".encode() for d in ("cuda_runtime", "cuda_cccl", "cuda_nvrtc")]
     rc = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     n = ctypes.c_size_t()
     if rc:
