@@ -16,4 +16,11 @@ DEADLINE="${DEADLINE:-500}"
 CHECK_ONLY="${CHECK_ONLY:-mlxb_qmv_exact_geglu}" CHECK_S=90 \
   NCU_FAST=auto REPS="${DECODE_REPS:-3}" TOKENS=128 KL_STEPS=16 QMV_DECODE_ARGS="--ab ${AB:-geglu}" \
   DEADLINE=$(($(secs_left) - 10)) STEPS="${AUTO_STEPS:-check encode decode12b ncu12b decode1b}" bash tools/kernels/qmv-h200.sh
+# MLX writes each JIT module's generated source next to its PTX: keep the compiled GeGLU kernels'
+# (the tape mlxb_geglu_exact follows), for reading where the GPU check disagrees.
+if [ -n "${MLX_PTX_CACHE_DIR:-}" ] && [ -d "$MLX_PTX_CACHE_DIR" ]; then
+  mkdir -p "${OUT:-/tmp/h200-out}/jit-geglu"
+  # Compiled modules are named by their tape (the GeGLU's: …V2IPowerDEG…, …V2ITanhO…), possibly split into directories.
+  find "$MLX_PTX_CACHE_DIR" -name '*.cu' \( -path '*V2IPower*' -o -path '*V2ITanh*' \) | head -8 | xargs -r cp --backup=numbered -t "${OUT:-/tmp/h200-out}/jit-geglu/"
+fi
 echo "[auto-h200 +${SECONDS}s] done"
