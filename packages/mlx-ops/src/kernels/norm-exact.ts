@@ -348,14 +348,26 @@ export function q_norm_kernel(p: QHeads): CustomKernel {
 
 const ropeKey = (p: QHeads): string => (p.rope ? `${p.rope.dims},${p.rope.base},${p.rope.scale}` : "");
 
-/** The template arguments both heads kernels take: the head's partition, eps and RoPE. */
-function headsTemplate(p: QHeads, block: number, chunks: number): [string, number][] {
+/** A block over rows of `axis` values: its threads (norm_threads) and the template arguments of the row's size and MLX's partition. */
+function rowLaunch(axis: number): { wide: number; template: [string, number][] } {
+  const { block, chunks } = norm_partition(axis);
+  const wide = norm_threads(axis);
+  return {
+    wide,
+    template: [
+      ["A", axis],
+      ["WIDE", wide],
+      ["BLOCK", block],
+      ["CHUNKS", chunks],
+    ],
+  };
+}
+
+/** The template arguments both heads kernels take: the head's row (rowLaunch), eps and RoPE. */
+function headsTemplate(p: QHeads): [string, number][] {
   const r = p.rope;
   return [
-    ["A", p.dim],
-    ["WIDE", norm_threads(p.dim)],
-    ["BLOCK", block],
-    ["CHUNKS", chunks],
+    ...rowLaunch(p.dim).template,
     ["EPS_BITS", f32Bits(p.eps)],
     ["ROPE", r ? (r.base === null ? 2 : 1) : 0],
     ["RD", r?.dims ?? 2],
@@ -366,7 +378,7 @@ function headsTemplate(p: QHeads, block: number, chunks: number): [string, numbe
 }
 
 function qkvSpec(p: QkvHeads): CustomKernel {
-  const { block, chunks } = norm_partition(p.dim);
+  const { wide } = rowLaunch(p.dim);
   return custom_kernel({
     name: "mlxb_qkv_norm_exact",
     input_names: ["x", "q_w", "k_w", "offset", "freqs"],
@@ -381,16 +393,16 @@ function qkvSpec(p: QkvHeads): CustomKernel {
       return {
         output_shapes: [shape(p.hq), shape(p.hk), shape(p.hk)],
         output_dtypes: ["bfloat16", "bfloat16", "bfloat16"],
-        grid: [rows * (p.hq + 2 * p.hk) * norm_threads(p.dim), 1, 1],
-        threadgroup: [norm_threads(p.dim), 1, 1],
-        template: [["HQ", p.hq], ["HK", p.hk], ["HV", p.hv], ...headsTemplate(p, block, chunks)],
+        grid: [rows * (p.hq + 2 * p.hk) * wide, 1, 1],
+        threadgroup: [wide, 1, 1],
+        template: [["HQ", p.hq], ["HK", p.hk], ["HV", p.hv], ...headsTemplate(p)],
       };
     },
   });
 }
 
 function qSpec(p: QHeads): CustomKernel {
-  const { block, chunks } = norm_partition(p.dim);
+  const { wide } = rowLaunch(p.dim);
   return custom_kernel({
     name: "mlxb_q_norm_exact",
     input_names: ["x", "q_w", "offset", "freqs"],
@@ -403,9 +415,9 @@ function qSpec(p: QHeads): CustomKernel {
       return {
         output_shapes: [p.rope ? [1, p.hq, 1, p.dim] : [...x!.shape.slice(0, -1), p.hq, p.dim]],
         output_dtypes: ["bfloat16"],
-        grid: [rows * p.hq * norm_threads(p.dim), 1, 1],
-        threadgroup: [norm_threads(p.dim), 1, 1],
-        template: headsTemplate(p, block, chunks),
+        grid: [rows * p.hq * wide, 1, 1],
+        threadgroup: [wide, 1, 1],
+        template: headsTemplate(p),
       };
     },
   });
@@ -509,20 +521,13 @@ function residualSpec(p: ResidualNorm): CustomKernel {
     reference: (inputs, s) => residualReference(inputs, p, s),
     launch: ([h]) => {
       const a = h!.shape.at(-1)!;
-      const { block, chunks } = norm_partition(a);
+      const row = rowLaunch(a);
       return {
         output_shapes: p.next ? [h!.shape, h!.shape] : [h!.shape],
         output_dtypes: p.next ? ["bfloat16", "bfloat16"] : ["bfloat16"],
-        grid: [(h!.size / a) * norm_threads(a), 1, 1],
-        threadgroup: [norm_threads(a), 1, 1],
-        template: [
-          ["A", a],
-          ["WIDE", norm_threads(a)],
-          ["BLOCK", block],
-          ["CHUNKS", chunks],
-          ["EPS_BITS", f32Bits(p.eps)],
-          ["HAS_SCALE", p.scaled],
-        ],
+        grid: [(h!.size / a) * row.wide, 1, 1],
+        threadgroup: [row.wide, 1, 1],
+        template: [...row.template, ["EPS_BITS", f32Bits(p.eps)], ["HAS_SCALE", p.scaled]],
       };
     },
   });

@@ -68,8 +68,6 @@ export function qmv_exact_stage(R: number, N: number, K: number, on: boolean = q
 }
 
 const HEADER_CUDA = `
-#include "mlx/backend/cuda/device/binary_ops.cuh"
-#include "mlx/backend/cuda/device/unary_ops.cuh"
 // The accumulator type: bf16 pairs for 4-bit, float for 8-bit (as MLX's qmv).
 template <int B> struct mlxb_qmvx_acc { typedef __nv_bfloat162 type; };
 template <> struct mlxb_qmvx_acc<8> { typedef float type; };
@@ -113,6 +111,27 @@ __device__ __forceinline__ void mlxb_qmvx_accumulate(uint4 xa, uint4 xb, const _
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j] = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&xs[j]), w2[j], acc[j]);
 }
+// 8-bit, one row: 8 activations (xa; xb unused) and weights promoted to float, MLX's float32 fused x·w + acc.
+__device__ __forceinline__ void mlxb_qmvx_accumulate(uint4 xa, uint4, const __nv_bfloat162* w2, float* acc) {
+  const uint32_t xs[4] = {xa.x, xa.y, xa.z, xa.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 x2 = *reinterpret_cast<const __nv_bfloat162*>(&xs[j]);
+    acc[2 * j] = __fmaf_rn(__low2float(x2), __low2float(w2[j]), acc[2 * j]);
+    acc[2 * j + 1] = __fmaf_rn(__high2float(x2), __high2float(w2[j]), acc[2 * j + 1]);
+  }
+}
+`;
+
+// A row's output (`gate`: the same row of the gate part in the GLU form). The plain form writes
+// the row as it is; the GLU form's header (GEGLU_HEADER_CUDA) defines it as mlx-lm's geglu, so
+// the plain source carries none of it (MLX hashes a kernel's whole source at every launch).
+const PLAIN_HEADER_CUDA = `
+__device__ __forceinline__ __nv_bfloat16 mlxb_qmvx_out(__nv_bfloat16, __nv_bfloat16 y) { return y; }
+`;
+const GEGLU_HEADER_CUDA = `
+#include "mlx/backend/cuda/device/binary_ops.cuh"
+#include "mlx/backend/cuda/device/unary_ops.cuh"
 // mlx-lm's geglu(gate, up) = gelu_approx(gate) · up as MLX 0.32's compile runs it on CUDA (two fused
 // kernels, by their ncu names: 0.044715·x³, then the rest): every op through MLX's own functor on
 // bf16 values in the tape's order, the constants Python's floats in bf16 (docs/custom-kernels.md).
@@ -124,16 +143,7 @@ __device__ __forceinline__ __nv_bfloat16 mlxb_geglu_exact(__nv_bfloat16 x, __nv_
   const T gelu = Multiply{}(Multiply{}(T(0.5f), x), Add{}(T(1.0f), Tanh{}(inner)));
   return Multiply{}(gelu, up);
 }
-// 8-bit, one row: 8 activations (xa; xb unused) and weights promoted to float, MLX's float32 fused x·w + acc.
-__device__ __forceinline__ void mlxb_qmvx_accumulate(uint4 xa, uint4, const __nv_bfloat162* w2, float* acc) {
-  const uint32_t xs[4] = {xa.x, xa.y, xa.z, xa.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const __nv_bfloat162 x2 = *reinterpret_cast<const __nv_bfloat162*>(&xs[j]);
-    acc[2 * j] = __fmaf_rn(__low2float(x2), __low2float(w2[j]), acc[2 * j]);
-    acc[2 * j + 1] = __fmaf_rn(__high2float(x2), __high2float(w2[j]), acc[2 * j + 1]);
-  }
-}
+__device__ __forceinline__ __nv_bfloat16 mlxb_qmvx_out(__nv_bfloat16 gate, __nv_bfloat16 up) { return mlxb_geglu_exact(gate, up); }
 `;
 
 // BITS 4: 16 values a lane (chunks of 512), bf16 accumulators; BITS 8: 8 a lane (chunks of 256),
@@ -291,7 +301,7 @@ const CUDA = `
       for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
       const __nv_bfloat16 y = __float2bfloat16_rn(sum);
       if (GLU && half == 0) gate[r] = y;
-      else if (lane == 0) out[((size_t)blockIdx.y * R + r) * nOut + row] = GLU ? mlxb_geglu_exact(gate[r], y) : y;
+      else if (lane == 0) out[((size_t)blockIdx.y * R + r) * nOut + row] = GLU ? mlxb_qmvx_out(gate[r], y) : y;
     }
   }
 `;
@@ -339,7 +349,7 @@ function qmvExactSpec(glu: boolean): CustomKernel {
     input_names: ["x", "w", "scales", "biases"],
     output_names: ["out"],
     // No Metal source: MLX's Metal qmv rounds elsewhere (float accumulation per simdgroup).
-    cuda: { source: CUDA, header: HEADER_CUDA },
+    cuda: { source: CUDA, header: HEADER_CUDA + (glu ? GEGLU_HEADER_CUDA : PLAIN_HEADER_CUDA) },
     validate: (inputs) => {
       const s = shapeOf(inputs);
       if (typeof s === "string") return s;

@@ -102,10 +102,9 @@ export function fusedLinear(group: FusedLinear | undefined, parts: readonly Modu
  */
 export function fusedGeglu(group: FusedLinear | undefined, parts: readonly ModuleWeights[], x: MlxArray): MlxArray | null {
   if (!group || parts.length !== 2 || !usable(group, parts, x) || fusedProjections() !== "on") return null;
+  // The gate's rows; quantized_linear_geglu refuses a stack that is not two parts of that many.
   const f = group.fused;
-  const rows = group.splits[0]!;
-  if (f.weight.shape[0] !== 2 * rows) return null;
-  return mx.kernels.quantized_linear_geglu(x, f.weight, f.scales!, f.biases, qopts(f.quant!), rows);
+  return mx.kernels.quantized_linear_geglu(x, f.weight, f.scales!, f.biases, qopts(f.quant!), group.splits[0]!);
 }
 
 function usable(g: FusedLinear, parts: readonly ModuleWeights[], x: MlxArray): boolean {
