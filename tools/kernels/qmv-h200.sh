@@ -9,6 +9,8 @@
 #   check    check_cuda_kernels.py --only ${CHECK_ONLY:-mlxb_qmv} (NVRTC + every case against the reference)
 #   sweep    sdpa_decode_sweep.py: the decode attention kernels against MLX's composition over 256 shapes
 #   encode   tools/bench/device/launch-encode.ts: MLX's encode per op kind of a 12B step (µs a call)
+#   pvfold   tools/bench/device/pv-fold-check.py: MLX's decode sdpa against its composition with p·v folded (bits)
+#   graph    tools/bench/decode-graph.ts --all on the 12B-shaped model: op nodes a step per primitive, mlx-bun and mlx-lm
 #   bench    tools/kernels/bench_qmv.py [--sweep with SWEEP=1]: µs and GB/s per shape, ours vs MLX
 #   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)
 #   ncu12b / ncu1b   one decode step per path under ncu (tools/bench/device/decode-step-profile.ts --ncu;
@@ -67,6 +69,19 @@ for s in $STEPS; do
       fits 60 || continue
       log "launch-encode.ts"
       timeout "$(left 120)" $B tools/bench/device/launch-encode.ts --calls 400 --reps 5 2>&1 | tee "$OUT/launch-encode.md" | tail -16
+      ;;
+    pvfold)
+      fits 30 || continue
+      log "pv-fold-check.py (MLX's sdpa against its composition with p·v folded: bits)"
+      timeout "$(left 90)" "$PY" tools/bench/device/pv-fold-check.py > "$OUT/pv-fold.log" 2>&1
+      grep -c equal "$OUT/pv-fold.log"; grep -i "differ\|error\|PASS\|FAIL" "$OUT/pv-fold.log" | head -24
+      ;;
+    graph)
+      fits 100 || continue
+      wait12 || { log "no 12B checkpoint"; continue; }
+      log "decode-graph.ts --all (12B-shaped, one step's op nodes per primitive, mlx-bun's default and mlx-lm)"
+      timeout "$(left 150)" $B tools/bench/decode-graph.ts --model "$M12" --all --out "$OUT/graph12b" 2>&1 | tail -60
+      xz -9 "$OUT"/graph12b/*.dot 2>/dev/null
       ;;
     bench)
       fits 60 || continue

@@ -48,3 +48,8 @@ export function countDiff(a: Map<string, number>, b: Map<string, number>): Recor
   for (const n of new Set([...a.keys(), ...b.keys()])) if ((a.get(n) ?? 0) !== (b.get(n) ?? 0)) out[n] = [a.get(n) ?? 0, b.get(n) ?? 0];
   return out;
 }
+
+/** Every primitive of either graph: name → [mlx-bun, mlx-lm]. */
+export function allCounts(a: Map<string, number>, b: Map<string, number>): Record<string, [number, number]> {
+  return Object.fromEntries([...new Set([...a.keys(), ...b.keys()])].map((n) => [n, [a.get(n) ?? 0, b.get(n) ?? 0]]));
+}

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { afterAll, describe, expect, test } from "vitest";
 import { type Dtype, evaluate, exportToDot, type MlxArray } from "@mlx-bun/mlx-ffi";
 import { fast } from "../src/fast.ts";
-import { sdpa_unit_scale } from "../src/kernels/sdpa-unit-scale.ts";
+import { sdpa_unit_scale, set_pv_fold } from "../src/kernels/sdpa-unit-scale.ts";
 import { opCounts } from "../../../tools/oracle/dot-ops.ts";
 import { expectExact, expectNoLeaks, randn } from "./seeded-inputs.ts";
 
@@ -57,6 +57,26 @@ describe("sdpa_unit_scale", () => {
     expect(theirs.get("Multiply")).toBe(1);
     expect(mine.get("Multiply") ?? 0).toBe(0);
     for (const p of ["Matmul", "Softmax", "Unflatten", "Flatten"]) expect(mine.get(p), p).toBe(theirs.get(p));
+  });
+
+  test("the folded p·v is CUDA's only: switched on, this CPU still issues MLX's broadcast p·v, bit for bit", () => {
+    set_pv_fold(true);
+    try {
+      using q = randn([1, 16, 1, 256], 12, "bfloat16");
+      using k = randn([1, 8, 33, 256], 13, "bfloat16");
+      using v = randn([1, 8, 33, 256], 14, "bfloat16");
+      using ref = fast.scaled_dot_product_attention(q, k, v, { scale: 1, mask: null });
+      using ours = sdpa_unit_scale(q, k, v, 1)!;
+      const f = join(dir, "fold.dot");
+      exportToDot(f, ours);
+      const ops = opCounts(f);
+      expect(ops.get("Reshape") ?? 0).toBe(0);
+      expect(ops.get("Flatten")).toBe(1);
+      evaluate(ours, ref);
+      expectExact(ours, ref, "sdpa_unit_scale, fold switched on");
+    } finally {
+      set_pv_fold(undefined);
+    }
   });
 
   test("declines (null) a scale other than 1, mixed dtypes and heads that do not group", () => {

@@ -51,15 +51,20 @@ const w = bf([H], 0.9, 1.1);
 const w2 = bf([H], 0.9, 1.1);
 const wBig = bf([H, H], -0.05, 0.05);
 const [wq, sc, bi] = mx.quantize(wBig, { group_size: 64, bits: 4 });
-const q = bf([1, 8, 2, 256]);
-const kT = bf([1, 8, 256, L]);
-const v = bf([1, 8, L, 256]);
-const p = bf([1, 8, 2, L], 0, 0.01);
+// Attention as MLX's sdpa fallback issues it for a decode row: 16 query heads over 8 KV heads,
+// queries [B, Hkv, repeats, 1, D] against keys and values broadcast over the repeats.
+const q = bf([1, 8, 2, 1, 256]);
+const k = bf([1, 8, 1, L, 256]);
+const kT = mx.swapaxes(k, -1, -2);
+const v = bf([1, 8, 1, L, 256]);
+const p = bf([1, 8, 2, 1, L], 0, 0.01);
+const q4 = bf([1, 16, 1, 256]);
+const k4 = bf([1, 8, L, 256]);
 const gate = bf([1, 1, F]);
 const up = bf([1, 1, F]);
 const upd = bf([1, 8, 1, 256]);
 const cache0 = bf([1, 8, 1024, 256]);
-evaluate(y, h, w, w2, wq, sc, bi!, q, kT, v, p, gate, up, upd, cache0);
+evaluate(y, h, w, w2, wq, sc, bi!, q, k, kT, v, p, q4, k4, gate, up, upd, cache0);
 const geglu = mx.compile(
   (g: MlxArray, u: MlxArray) => {
     using a = mx.gelu_approx(g);
@@ -81,9 +86,10 @@ const ops: Record<string, Op> = {
   "residual_norm_exact (custom)": { call: () => mx.kernels.residual_norm_exact(h, y, w, w2, null, EPS) },
   "quantized_matmul 3840² (MLX)": { call: () => mx.quantized_matmul(y, wq!, sc!, bi, { group_size: 64, bits: 4, transpose: true }) },
   "quantized_linear 3840² (default)": { call: () => mx.kernels.quantized_linear(y, wq!, sc!, bi, { group_size: 64, bits: 4 }) },
-  "q·kᵀ matmul (gemv_batched)": { call: () => mx.matmul(q, kT) },
-  "p·v matmul (cuBLAS)": { call: () => mx.matmul(p, v) },
+  "q·kᵀ matmul (gemv_batched, 5-D)": { call: () => mx.matmul(q, kT) },
+  "p·v matmul (cuBLAS pointer batch, 5-D)": { call: () => mx.matmul(p, v) },
   "softmax precise": { call: () => mx.softmax(p, [-1], { precise: true }) },
+  "sdpa decode (MLX: the four above)": { call: () => mx.fast.scaled_dot_product_attention(q4, k4, k4, { scale: 1, mask: null }) },
   "geglu (compiled)": { call: () => geglu(gate, up) },
   "KV write (slice_update, donated)": { call: (prev) => mx.slice_update(prev ?? cache0, upd, pos, [2]), chain: true },
 };

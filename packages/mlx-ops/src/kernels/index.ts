@@ -18,7 +18,7 @@ export {
 } from "./kernel.ts";
 export { cuda_arch } from "./cuda-arch.ts";
 export { geglu, geglu_kernel } from "./geglu.ts";
-export { sdpa_unit_scale } from "./sdpa-unit-scale.ts";
+export { sdpa_unit_scale, set_pv_fold } from "./sdpa-unit-scale.ts";
 export { QMV_EXACT_STAGE_MAX_BYTES, qmv_exact_stage, qmv_exact_staged, set_qmv_exact_staged } from "./qmv-exact.ts";
 export {
   type FastQmvSetting,

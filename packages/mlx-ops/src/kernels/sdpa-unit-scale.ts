@@ -7,8 +7,16 @@
 import type { MlxArray, Stream } from "@mlx-bun/mlx-ffi";
 import { matmul } from "../linalg.ts";
 import { softmax } from "../reduce.ts";
-import { expand_dims, flatten, swapaxes, unflatten } from "../shape.ts";
-import { kernel_environment } from "./kernel.ts";
+import { expand_dims, flatten, reshape, swapaxes, unflatten } from "../shape.ts";
+import { KernelSwitch, kernel_environment } from "./kernel.ts";
+
+// p·v of a grouped decode row as one strided batch on CUDA (see composed_attention); off by default.
+const pvFoldSwitch = new KernelSwitch("MLX_BUN_PV_FOLD");
+
+/** Fold a grouped decode row's p·v into one strided batch on CUDA; undefined goes back to MLX_BUN_PV_FOLD (default off). */
+export function set_pv_fold(on: boolean | undefined): void {
+  pvFoldSwitch.set(on);
+}
 
 /** The widest head CUDA's SDPA kernels take (cuDNN and sdpa_vector): past it MLX composes. */
 const CUDA_SDPA_MAX_HEAD_DIM = 128;
@@ -52,10 +60,23 @@ export function composed_scores(q: MlxArray, k: MlxArray, stream?: Stream): MlxA
   return matmul(qg, kt, stream);
 }
 
-/** The rest of the fallback on `composed_scores`' output: precise softmax, @ v, and for grouped queries the flatten back to [B, Hq, L, D]. */
+/**
+ * The rest of the fallback on `composed_scores`' output: precise softmax, @ v, and for grouped queries
+ * the flatten back to [B, Hq, L, D]. With MLX_BUN_PV_FOLD on CUDA a grouped decode row's p·v runs as
+ * [B, Hkv, repeats, T] @ [B, Hkv, T, D]: a strided batch instead of MLX's pointer-array batch over the
+ * broadcast values, one launch (set_mm_device_pointers) fewer; tools/bench/device/pv-fold-check.py
+ * compares its bits with MLX's.
+ */
 export function composed_attention(scores: MlxArray, v: MlxArray, stream?: Stream): MlxArray {
   using p = softmax(scores, [-1], { precise: true, stream });
   if (scores.ndim === 4) return matmul(p, v, stream);
+  const [b, hkv, rep, l, t] = scores.shape as [number, number, number, number, number];
+  const env = kernel_environment(stream);
+  if (l === 1 && pvFoldSwitch.get() && env.gpu_backend === "cuda" && env.device === "gpu") {
+    using rows = reshape(p, [b, hkv, rep, t], stream);
+    using out = matmul(rows, v, stream);
+    return reshape(out, [b, hkv * rep, 1, v.shape[3]!], stream);
+  }
   using ve = expand_dims(v, 2, stream);
   using out = matmul(p, ve, stream);
   return flatten(out, 1, 2, stream);
