@@ -10,6 +10,7 @@
 #   sweep    sdpa_decode_sweep.py: the decode attention kernels against MLX's composition over 256 shapes
 #   encode   tools/bench/device/launch-encode.ts: MLX's encode per op kind of a 12B step (µs a call)
 #   pvfold   tools/bench/device/pv-fold-check.py: MLX's decode sdpa against its composition with p·v folded (bits)
+#   direct   tools/bench/device/direct-launch-check.ts: direct launches against MLX's CustomKernel path (bits)
 #   graph    tools/bench/decode-graph.ts --all on the 12B-shaped model: op nodes a step per primitive, mlx-bun and mlx-lm
 #   bench    tools/kernels/bench_qmv.py [--sweep with SWEEP=1]: µs and GB/s per shape, ours vs MLX
 #   ncubench the same under ncu (kernel time, DRAM bytes, L2 flushed before each launch)
@@ -75,6 +76,11 @@ for s in $STEPS; do
       log "pv-fold-check.py (MLX's sdpa against its composition with p·v folded: bits)"
       timeout "$(left 90)" "$PY" tools/bench/device/pv-fold-check.py > "$OUT/pv-fold.log" 2>&1
       grep -c equal "$OUT/pv-fold.log"; grep -i "differ\|error\|PASS\|FAIL" "$OUT/pv-fold.log" | head -24
+      ;;
+    direct)
+      fits 40 || continue
+      log "direct-launch-check.ts (direct launches against MLX's CustomKernel path: bits)"
+      timeout "$(left 120)" $B tools/bench/device/direct-launch-check.ts 2>&1 | tail -12
       ;;
     graph)
       fits 100 || continue

@@ -7,7 +7,8 @@ import { astype, negative } from "../src/elementwise.ts";
 import * as kernels from "../src/kernels/index.ts";
 import { expectClose, expectExact, expectNoLeaks, randn } from "./seeded-inputs.ts";
 
-const { select_kernel_path, gpu_backend, kernel_environment, geglu, geglu_kernel, custom_kernel } = kernels;
+const { select_kernel_path, gpu_backend, kernel_environment, geglu, geglu_kernel, custom_kernel, set_direct_launch, direct_launch_enabled, direct_launches } =
+  kernels;
 type Env = kernels.KernelEnvironment;
 
 describe("select_kernel_path", () => {
@@ -46,6 +47,20 @@ describe("select_kernel_path", () => {
     expect(kernel_environment(cpu).device).toBe("cpu");
     expect(geglu_kernel.path(cpu)).toBe("reference");
     if (gpu_backend() === null) expect(geglu_kernel.path()).toBe("reference");
+  });
+
+  test("direct launches: a switch that holds only where MLX's CUDA backend is loaded", () => {
+    try {
+      set_direct_launch(true);
+      expect(direct_launch_enabled()).toBe(gpu_backend() === "cuda");
+      set_direct_launch(false);
+      expect(direct_launch_enabled()).toBe(false);
+      set_direct_launch(undefined);
+      expect(direct_launch_enabled()).toBe(gpu_backend() === "cuda" && ["1", "on"].includes(process.env.MLX_BUN_DIRECT_LAUNCH ?? ""));
+      if (gpu_backend() !== "cuda") expect(direct_launches()).toBe(0);
+    } finally {
+      set_direct_launch(undefined);
+    }
   });
 });
 

@@ -74,18 +74,35 @@ const geglu = mx.compile(
 );
 const pos = MlxArray.scalar(100, "int32");
 
+/** `f` built with direct launches (docs/custom-kernels.md, "Direct launch"): MLX's kernel without its per-launch source hashing. */
+const direct =
+  <T>(f: () => T) =>
+  (): T => {
+    mx.kernels.set_direct_launch(true);
+    try {
+      return f();
+    } finally {
+      mx.kernels.set_direct_launch(false);
+    }
+  };
+
 /** An op: N calls; `chain` ops take the previous output as their first input. */
 interface Op {
   call: (prev: MlxArray | null) => MlxArray | MlxArray[];
   chain?: boolean;
 }
+mx.kernels.set_direct_launch(false);
 const ops: Record<string, Op> = {
   "rms_norm (MLX)": { call: () => mx.fast.rms_norm(y, w, EPS) },
   "custom y·w, 0.4 KB source": { call: () => small.run([y, w])[0]! },
   "custom y·w, 10 KB source": { call: () => large.run([y, w])[0]! },
+  "custom y·w, 0.4 KB source, direct": { call: direct(() => small.run([y, w])[0]!) },
+  "custom y·w, 10 KB source, direct": { call: direct(() => large.run([y, w])[0]!) },
   "residual_norm_exact (custom)": { call: () => mx.kernels.residual_norm_exact(h, y, w, w2, null, EPS) },
+  "residual_norm_exact, direct": { call: direct(() => mx.kernels.residual_norm_exact(h, y, w, w2, null, EPS)) },
   "quantized_matmul 3840² (MLX)": { call: () => mx.quantized_matmul(y, wq!, sc!, bi, { group_size: 64, bits: 4, transpose: true }) },
   "quantized_linear 3840² (default)": { call: () => mx.kernels.quantized_linear(y, wq!, sc!, bi, { group_size: 64, bits: 4 }) },
+  "quantized_linear 3840², direct": { call: direct(() => mx.kernels.quantized_linear(y, wq!, sc!, bi, { group_size: 64, bits: 4 })) },
   "q·kᵀ matmul (gemv_batched, 5-D)": { call: () => mx.matmul(q, kT) },
   "p·v matmul (cuBLAS pointer batch, 5-D)": { call: () => mx.matmul(p, v) },
   "softmax precise": { call: () => mx.softmax(p, [-1], { precise: true }) },

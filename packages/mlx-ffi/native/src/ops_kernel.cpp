@@ -9,6 +9,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "kernel_direct.h"
 #include "ops_internal.h"
 
 using namespace mlxb;
@@ -109,8 +110,10 @@ MLXB_API void* mlxb_kernel_call(void* k, const uint64_t* inputs, int n_in, const
     // What the generated source and the primitive depend on: the stream, grid, threadgroup,
     // initial value, template arguments, input dtypes (and which are scalars), output dtypes.
     std::string key;
+    const bool direct = !verbose && direct_launch_enabled();
     if (reuse_enabled() && !verbose) {
       key.reserve(128);
+      put(key, direct);
       put(key, stream.index);
       for (int i = 0; i < 3; i++) put(key, grid[i]), put(key, threadgroup[i]);
       put(key, has_init);
@@ -139,6 +142,10 @@ MLXB_API void* mlxb_kernel_call(void* k, const uint64_t* inputs, int n_in, const
     }
     auto out = kernel.fn(ins, shapes, dtypes, {grid[0], grid[1], grid[2]}, {threadgroup[0], threadgroup[1], threadgroup[2]},
                          tmpl, init, verbose != 0, stream);
+    if (direct && !out.empty() && out[0].has_primitive()) {
+      // The same kernel launched without MLX's per-launch source hashing (kernel_direct.cpp).
+      if (auto d = direct_launch(out[0].primitive_ptr(), ins)) out = mx::array::make_arrays(std::move(shapes), dtypes, d, ins);
+    }
     if (!key.empty() && !out.empty() && out[0].has_primitive()) {
       std::lock_guard<std::mutex> lock(kernel.mu);
       if (kernel.prims.size() >= MAX_PRIMITIVES) kernel.prims.clear();

@@ -11,10 +11,13 @@ export {
   type TemplateArg,
   CustomKernel,
   custom_kernel,
+  direct_launch_enabled,
+  direct_launches,
   gpu_backend,
   inputsKey,
   kernel_environment,
   select_kernel_path,
+  set_direct_launch,
 } from "./kernel.ts";
 export { cuda_arch } from "./cuda-arch.ts";
 export { geglu, geglu_kernel } from "./geglu.ts";

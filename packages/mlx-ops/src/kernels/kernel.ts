@@ -25,6 +25,9 @@ const lib = bindOps({
   mlxb_gpu_backend: { args: [], returns: i32 },
   mlxb_kernel_new: { args: [i32, ptr, ptr, ptr, ptr, ptr, i32, i32], returns: ptr },
   mlxb_kernel_free: { args: [ptr], returns: none },
+  mlxb_kernel_set_direct: { args: [i32], returns: none },
+  mlxb_kernel_direct_enabled: { args: [], returns: i32 },
+  mlxb_kernel_direct_launches: { args: [], returns: f64 },
   mlxb_kernel_call: {
     args: [ptr, ptr, i32, ptr, ptr, ptr, i32, ptr, ptr, ptr, ptr, ptr, i32, i32, f64, i32, ptr],
     returns: ptr,
@@ -100,11 +103,14 @@ export interface KernelEnvironment {
   reference_only?: boolean;
 }
 
-/** A process-wide on/off choice of a kernel path: `set` wins, else its environment variable (1|on, 0|off, unset: off) read once. */
+/** A process-wide on/off choice of a kernel path: `set` wins, else its environment variable (1|on, 0|off, unset: `byDefault`) read once. */
 export class KernelSwitch {
   #set: boolean | undefined;
   #env: boolean | undefined;
-  constructor(readonly envName: string) {}
+  constructor(
+    readonly envName: string,
+    readonly byDefault = false,
+  ) {}
 
   /** Choose for this process; undefined goes back to the environment variable. */
   set(on: boolean | undefined): void {
@@ -116,12 +122,33 @@ export class KernelSwitch {
     if (this.#set !== undefined) return this.#set;
     if (this.#env === undefined) {
       const v = process.env[this.envName];
-      if (v === undefined || v === "" || v === "0" || v === "off") this.#env = false;
+      if (v === undefined || v === "") this.#env = this.byDefault;
+      else if (v === "0" || v === "off") this.#env = false;
       else if (v === "1" || v === "on") this.#env = true;
       else throw new Error(`${this.envName}=${v}: expected 0, 1, on or off`);
     }
     return this.#env;
   }
+}
+
+/**
+ * Direct CUDA launches (docs/custom-kernels.md, "Direct launch"): launches made from now on compile
+ * MLX's generated source once and add their kernel node to MLX's command encoder without MLX's
+ * per-launch hashing of the source. true / false for this process; undefined goes back to
+ * MLX_BUN_DIRECT_LAUNCH=1|0 (default off). Only where MLX's CUDA backend is loaded.
+ */
+export function set_direct_launch(on: boolean | undefined): void {
+  lib().mlxb_kernel_set_direct(on === undefined ? -1 : on ? 1 : 0);
+}
+
+/** Whether custom kernel launches made now go direct (the setting, MLX_BUN_DIRECT_LAUNCH and a CUDA build). */
+export function direct_launch_enabled(): boolean {
+  return checkStatus(lib().mlxb_kernel_direct_enabled(), "direct_launch_enabled") === 1;
+}
+
+/** Kernels this process has launched directly so far (evaluated, not only built). */
+export function direct_launches(): number {
+  return lib().mlxb_kernel_direct_launches();
 }
 
 let backendCache: GpuBackend | null | undefined;
