@@ -5,7 +5,7 @@
 // step makes (the exact matvec at its shapes, the residual norm). Uses the NVRTC 12.9 and CUDA headers that
 // `python tools/kernels/ptxas_regs.py --setup` downloads into .native/cuda-ptxas. Exits 1 on a failure.
 //   bun tools/kernels/direct-compile-check.ts
-import { dlopen, FFIType, ptr } from "bun:ffi";
+import { dlopen, FFIType, type Pointer, ptr } from "bun:ffi";
 import { existsSync, readFileSync } from "node:fs";
 import { join, resolve } from "node:path";
 import type { Dtype, MlxArray } from "@mlx-bun/mlx-ffi";
@@ -88,7 +88,7 @@ function compile(name: string, source: string): string | null {
   const prog = new BigUint64Array(1);
   const src = cstr(source);
   if (nv.nvrtcCreateProgram(ptr(prog), ptr(src), ptr(cstr(`${name}.cu`)), 0, null, null)) return "nvrtcCreateProgram failed";
-  const p = Number(prog[0]);
+  const p = Number(prog[0]) as Pointer;
   const expr = `mlx::core::cu::${name}`;
   nv.nvrtcAddNameExpression(p, ptr(cstr(expr)));
   const opts = [

@@ -48,6 +48,13 @@ for (const [n, k, bits] of [
   cases.push([`quantized_linear ${n}x${k} ${bits}-bit`, () => [mx.kernels.quantized_linear(input, q.wq, q.s, q.b, { group_size: 64, bits })]]);
 }
 cases.push(["residual_norm_exact 3840", () => mx.kernels.residual_norm_exact(h, x, w1, w2, null, EPS)]);
+// The sliding layers' q/k/v heads (16 + 8 + 8 of 256) with RoPE at position 100.
+const qkv = keep(bf([1, 1, 32 * 256]));
+const qn = keep(bf([256], 0.9, 1.1));
+const kn = keep(bf([256], 0.9, 1.1));
+const pos = keep(mx.full([1], 100, "int32"));
+const heads = { hq: 16, hk: 8, hv: 8, dim: 256, eps: EPS, rope: { dims: 256, base: 10000, scale: 1 } };
+cases.push(["qkv_norm_exact 16+8+8 x 256, RoPE", () => mx.kernels.qkv_norm_exact(qkv, qn, kn, heads, { offset: pos })]);
 evaluate(...held);
 
 const before = memory.active();
