@@ -80,7 +80,9 @@ for s in $STEPS; do
     direct)
       fits 40 || continue
       log "direct-launch-check.ts (direct launches against MLX's CustomKernel path: bits)"
-      timeout "$(left 120)" $B tools/bench/device/direct-launch-check.ts 2>&1 | tail -12
+      # decode12b/decode1b fall back to QMV_DECODE_ARGS_NO_DIRECT (when set) unless this passes.
+      timeout "$(left 120)" $B tools/bench/device/direct-launch-check.ts > "$OUT/direct-check.log" 2>&1 && touch "$OUT/direct-ok"
+      tail -12 "$OUT/direct-check.log"
       ;;
     graph)
       fits 100 || continue
@@ -133,8 +135,10 @@ for s in $STEPS; do
       m=$M1
       if [ "$s" = decode12b ]; then wait12 || { log "no 12B checkpoint"; continue; }; m=$M12; fi
       log "$s: qmv-decode.ts"
+      ab_args="${QMV_DECODE_ARGS:-}"
+      if [ -n "${QMV_DECODE_ARGS_NO_DIRECT:-}" ] && [ ! -f "$OUT/direct-ok" ]; then ab_args="$QMV_DECODE_ARGS_NO_DIRECT"; log "(direct launches unchecked or failed: $ab_args)"; fi
       timeout "$(left 300)" $B tools/bench/device/qmv-decode.ts --model "$m" --python "$PY" --reps "${REPS:-5}" \
-        --decode-tokens "${TOKENS:-256}" --kl-steps "${KL_STEPS:-64}" ${QMV_DECODE_ARGS:-} --json "$OUT/$s.json" 2>&1 | tail -12
+        --decode-tokens "${TOKENS:-256}" --kl-steps "${KL_STEPS:-64}" $ab_args --json "$OUT/$s.json" 2>&1 | tail -14
       ;;
     *) log "unknown step $s" ;;
   esac

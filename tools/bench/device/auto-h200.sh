@@ -18,7 +18,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
 DEADLINE="${DEADLINE:-500}"
 CHECK_ONLY="${CHECK_ONLY:-mlxb_qmv_exact_geglu}" CHECK_S=90 \
-  NCU_FAST=auto REPS="${DECODE_REPS:-3}" TOKENS=128 KL_STEPS=16 QMV_DECODE_ARGS="--ab ${AB:-stack}" \
+  NCU_FAST=auto REPS="${DECODE_REPS:-3}" TOKENS=128 KL_STEPS=16 QMV_DECODE_ARGS="--ab ${AB:-stack}" QMV_DECODE_ARGS_NO_DIRECT="--ab ${AB_NO_DIRECT:-geglu-pvfold}" \
   DEADLINE=$(($(secs_left) - 10)) STEPS="${AUTO_STEPS:-check pvfold direct encode decode12b graph decode1b ncu12b}" bash tools/kernels/qmv-h200.sh
 # MLX writes each JIT module's generated source next to its PTX: keep the compiled GeGLU kernels'
 # (the tape mlxb_geglu_exact follows), for reading where the GPU check disagrees.

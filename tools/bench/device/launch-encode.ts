@@ -135,15 +135,25 @@ function run(op: Op): [number, number, number] {
 }
 
 const names = Object.keys(ops).filter((n) => !only || only.some((o) => n.includes(o)));
-for (const n of names) run(ops[n]!); // warm-up: NVRTC compiles, allocator, graph cache
-const times: Record<string, [number[], number[], number[]]> = Object.fromEntries(names.map((n) => [n, [[], [], []]]));
+// An op that fails (a path not available on this machine) is reported and left out, not fatal.
+const failed = new Map<string, string>();
+for (const n of names) {
+  try {
+    run(ops[n]!); // warm-up: NVRTC compiles, allocator, graph cache
+  } catch (e) {
+    failed.set(n, String(e).split("\n")[0]!);
+  }
+}
+const live = names.filter((n) => !failed.has(n));
+const times: Record<string, [number[], number[], number[]]> = Object.fromEntries(live.map((n) => [n, [[], [], []]]));
 for (let r = 0; r < REPS; r++) {
-  for (let j = 0; j < names.length; j++) {
-    const n = names[(r + j) % names.length]!;
+  for (let j = 0; j < live.length; j++) {
+    const n = live[(r + j) % live.length]!;
     const t = run(ops[n]!);
     for (let k = 0; k < 3; k++) times[n]![k]!.push(t[k]!);
   }
 }
 console.log(`| op (${N} calls, ${REPS} reps), µs a call | build | encode (asyncEval) | wait |`);
 console.log("| --- | --- | --- | --- |");
-for (const n of names) console.log(`| ${n} | ${times[n]!.map((xs) => formatSpread(xs)).join(" | ")} |`);
+for (const n of names)
+  console.log(failed.has(n) ? `| ${n} | failed: ${failed.get(n)} | | |` : `| ${n} | ${times[n]!.map((xs) => formatSpread(xs)).join(" | ")} |`);
