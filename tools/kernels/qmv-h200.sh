@@ -88,7 +88,8 @@ for s in $STEPS; do
       fits 100 || continue
       wait12 || { log "no 12B checkpoint"; continue; }
       log "decode-graph.ts --all (12B-shaped, one step's op nodes per primitive, mlx-bun's default and mlx-lm)"
-      timeout "$(left 150)" $B tools/bench/decode-graph.ts --model "$M12" --all --out "$OUT/graph12b" 2>&1 | tail -60
+      # The oracle wants a path to Python (MLX_BUN_PYTHON may be a bare command here).
+      MLX_BUN_PYTHON="$(command -v "$PY")" timeout "$(left 150)" $B tools/bench/decode-graph.ts --model "$M12" --all --out "$OUT/graph12b" 2>&1 | tail -60
       xz -9 "$OUT"/graph12b/*.dot 2>/dev/null
       ;;
     bench)

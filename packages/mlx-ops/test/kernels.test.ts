@@ -56,7 +56,7 @@ describe("select_kernel_path", () => {
       set_direct_launch(false);
       expect(direct_launch_enabled()).toBe(false);
       set_direct_launch(undefined);
-      expect(direct_launch_enabled()).toBe(gpu_backend() === "cuda" && ["1", "on"].includes(process.env.MLX_BUN_DIRECT_LAUNCH ?? ""));
+      expect(direct_launch_enabled()).toBe(gpu_backend() === "cuda" && !["0", "off"].includes(process.env.MLX_BUN_DIRECT_LAUNCH ?? ""));
       if (gpu_backend() !== "cuda") expect(direct_launches()).toBe(0);
     } finally {
       set_direct_launch(undefined);

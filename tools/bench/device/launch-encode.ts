@@ -32,7 +32,7 @@ const scaleKernel = (name: string, header: string): mx.kernels.CustomKernel =>
     name,
     input_names: ["x", "w"],
     output_names: ["out"],
-    cuda: { source: body, header },
+    cuda: { source: body, header, direct: true },
     reference: ([x, w], s) => [mx.multiply(x!, w!, s)],
     launch: ([x]) => ({ output_shapes: [x!.shape], output_dtypes: ["bfloat16"], grid: [H, 1, 1], threadgroup: [256, 1, 1], template: [["A", H]] }),
   });

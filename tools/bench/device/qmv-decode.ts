@@ -3,7 +3,7 @@
 // tok/s of mlx-bun exact, mlx-bun fast and mlx-lm (tools/bench/mlx_lm_bench.py in a Python twin),
 // the order rotated every repetition; min / median / max.
 //   .native/bin/bun tools/bench/device/qmv-decode.ts --model DIR [--python PY] [--reps 5]
-//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|sdpa|dense-attn|staged|geglu|geglu-pvfold|stack|next|candidates]
+//     [--decode-tokens 256] [--kl-steps 64] [--json OUT.json] [--no-mlx-lm] [--ab qmv|fused|exact-qmv|exact-norms|exact-all|exact-ladder|exact-auto|sdpa|dense-attn|staged|geglu|geglu-pvfold|direct|next|candidates]
 // "exact": mx.quantized_matmul everywhere (MLX_BUN_FAST_QMV=0); "fast": the qmv kernel for every
 // quantized linear with at most 16 rows of x (decode), MLX's op for prefill.
 // --ab fused compares instead fused projections off ("exact") and on ("fast", the default path:
@@ -23,7 +23,7 @@
 // --ab geglu: MLX's kernels, the default, the default with the gate/up matvec and its GeGLU in one launch
 // (MLX_BUN_QMV_GEGLU: expected KL 0 against MLX's kernels);
 // --ab geglu-pvfold: those three and the default with both the GeGLU launch and p·v folded (MLX_BUN_PV_FOLD).
-// --ab stack: those four and the default with all three and direct launches (MLX_BUN_DIRECT_LAUNCH).
+// --ab direct: MLX's kernels, the default on MLX's launch path (MLX_BUN_DIRECT_LAUNCH=0), the default.
 // --ab next: the default, each of those two alone, both; --ab candidates: MLX's kernels, the default, each
 // candidate alone. The KL compares every side with the first.
 import { writeFileSync } from "node:fs";
@@ -65,8 +65,8 @@ interface Side {
   geglu?: true;
   /** A grouped decode row's p·v as one strided batch; unset: MLX_BUN_PV_FOLD (default off). */
   pvfold?: true;
-  /** Custom kernels launched directly (docs/custom-kernels.md); unset: MLX_BUN_DIRECT_LAUNCH (default off). */
-  direct?: true;
+  /** Custom kernels launched directly (docs/custom-kernels.md); unset: MLX_BUN_DIRECT_LAUNCH (default on). */
+  direct?: boolean;
 }
 /** Each --ab: its sides, the reference first; the KL compares the last side with the first. */
 const AB_MODES: Record<string, Side[]> = {
@@ -113,13 +113,11 @@ const AB_MODES: Record<string, Side[]> = {
     { label: "mlx-bun default + GeGLU launch", qmv: "auto", norms: "auto", geglu: true },
     { label: "mlx-bun default + GeGLU launch + folded p·v", qmv: "auto", norms: "auto", geglu: true, pvfold: true },
   ],
-  // Those four and all three candidates with direct launches (KL 0 expected for every side).
-  stack: [
+  // MLX's kernels, the default without direct launches, the default (KL 0 expected for both).
+  direct: [
     { label: "mlx-bun MLX's kernels" },
+    { label: "mlx-bun default, MLX's launch path", qmv: "auto", norms: "auto", direct: false },
     { label: "mlx-bun default", qmv: "auto", norms: "auto" },
-    { label: "mlx-bun default + GeGLU launch", qmv: "auto", norms: "auto", geglu: true },
-    { label: "mlx-bun default + GeGLU launch + folded p·v", qmv: "auto", norms: "auto", geglu: true, pvfold: true },
-    { label: "mlx-bun default + GeGLU + folded p·v + direct launches", qmv: "auto", norms: "auto", geglu: true, pvfold: true, direct: true },
   ],
   // MLX's kernels (the reference: the default's KL must be 0), the default, and each candidate for the next default.
   candidates: [

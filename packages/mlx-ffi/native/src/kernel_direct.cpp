@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -228,14 +229,21 @@ CUfunction compile(const Api& a, const std::string& source, const std::string& n
   return fn;
 }
 
-// One compiled kernel per generated source, shared by every primitive (launch key) made from it.
+// One compiled kernel per generated source, shared by every primitive (launch key) made from it. A
+// source that does not compile (headers missing on this machine) is recorded as null: its launches
+// take MLX's path, with one line on stderr saying so.
 CUfunction kernel_for(const Api& a, const std::string& source, const std::string& name, int smem) {
   static std::mutex mu;
   static std::unordered_map<std::string, CUfunction> compiled;
   std::lock_guard<std::mutex> lock(mu);
   auto hit = compiled.find(source);
   if (hit != compiled.end()) return hit->second;
-  CUfunction fn = compile(a, source, name, smem);
+  CUfunction fn = nullptr;
+  try {
+    fn = compile(a, source, name, smem);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlx-bun: %s; this kernel keeps MLX's launch path\n", e.what());
+  }
   compiled.emplace(source, fn);
   return fn;
 }
@@ -275,7 +283,11 @@ class DirectLaunch : public mx::Primitive {
         if (!in.flags().row_contiguous) return inner_->eval_gpu(inputs, outputs);  // MLX copies it first
       }
     }
-    if (!fn_) fn_ = kernel_for(api_, source_, name_, smem_);
+    if (!compiled_) {
+      fn_ = kernel_for(api_, source_, name_, smem_);
+      compiled_ = true;
+    }
+    if (!fn_) return inner_->eval_gpu(inputs, outputs);
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
     // Argument storage: every pointer, shape and stride the kernel takes, then their addresses.
     std::vector<void*> ptrs;
@@ -339,6 +351,7 @@ class DirectLaunch : public mx::Primitive {
   int smem_ = 0;
   Dim3 grid_{}, block_{};
   CUfunction fn_ = nullptr;
+  bool compiled_ = false;
 };
 
 std::atomic<int> direct_choice{-1};  // -1: the environment variable
@@ -351,7 +364,7 @@ bool direct_launch_enabled() {
   if (c < 0) {
     static const int env = [] {
       const char* v = std::getenv("MLX_BUN_DIRECT_LAUNCH");
-      return v && (std::strcmp(v, "1") == 0 || std::strcmp(v, "on") == 0) ? 1 : 0;
+      return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0) ? 0 : 1;
     }();
     c = env;
   }
@@ -376,7 +389,7 @@ std::shared_ptr<mx::Primitive> direct_launch(std::shared_ptr<mx::Primitive> inne
 }
 }  // namespace mlxb
 
-// 1: direct launches on (where MLX's CUDA backend is loaded), 0: off, -1: MLX_BUN_DIRECT_LAUNCH.
+// 1: direct launches on (where MLX's CUDA backend is loaded), 0: off, -1: MLX_BUN_DIRECT_LAUNCH (unset: on).
 MLXB_API void mlxb_kernel_set_direct(int on) {
   mlxb::direct_choice.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
 }

@@ -5,8 +5,8 @@
 #include "internal.h"
 
 namespace mlxb {
-// Whether direct launches are on: mlxb_kernel_set_direct's choice, else MLX_BUN_DIRECT_LAUNCH=1|0
-// (default off), and only where MLX's CUDA backend is loaded.
+// Whether direct launches are on for the kernels that allow them: mlxb_kernel_set_direct's choice,
+// else MLX_BUN_DIRECT_LAUNCH=1|0 (default on), and only where MLX's CUDA backend is loaded.
 bool direct_launch_enabled();
 
 // A primitive that launches the kernel of MLX's CustomKernel `inner` (its generated source, grid,

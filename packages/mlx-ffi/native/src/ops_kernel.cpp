@@ -21,8 +21,10 @@ namespace {
 // kept and later calls with the same key make their outputs from it (as mx.compile's replay
 // shares primitives). MLX_BUN_KERNEL_REUSE=0 turns this off (for measuring it).
 struct Kernel {
-  explicit Kernel(mx::fast::CustomKernelFunction f) : fn(std::move(f)) {}
+  Kernel(mx::fast::CustomKernelFunction f, bool direct_ok) : fn(std::move(f)), direct_ok(direct_ok) {}
   mx::fast::CustomKernelFunction fn;
+  // The kernel's source allows direct launches (kernel_direct.cpp): checked bit for bit on a GPU.
+  bool direct_ok;
   std::mutex mu;
   std::unordered_map<std::string, std::shared_ptr<mx::Primitive>> prims;
 };
@@ -62,19 +64,20 @@ MLXB_API int mlxb_gpu_backend(void) {
   })
 }
 
-// backend 1 = Metal (extra = atomic_outputs), 2 = CUDA (extra = dynamic shared memory bytes).
-// Names are '\n'-joined. The source is the kernel body; MLX generates the signature.
+// backend 1 = Metal (extra = atomic_outputs), 2 = CUDA (extra = dynamic shared memory bytes;
+// direct = launches may go direct where they are on). Names are '\n'-joined. The source is the
+// kernel body; MLX generates the signature.
 MLXB_API void* mlxb_kernel_new(int backend, const char* name, const char* input_names, const char* output_names,
-                               const char* source, const char* header, int ensure_row_contiguous, int extra) {
+                               const char* source, const char* header, int ensure_row_contiguous, int extra, int direct) {
   MLXB_GUARD(nullptr, {
     if (!name || !source) throw std::invalid_argument("kernel needs a name and a source");
     auto ins = split_names(input_names);
     auto outs = split_names(output_names);
     if (backend == 1) {
-      return new Kernel(mx::fast::metal_kernel(name, ins, outs, source, str_or_empty(header), ensure_row_contiguous != 0, extra != 0));
+      return new Kernel(mx::fast::metal_kernel(name, ins, outs, source, str_or_empty(header), ensure_row_contiguous != 0, extra != 0), false);
     }
     if (backend == 2) {
-      return new Kernel(mx::fast::cuda_kernel(name, ins, outs, source, str_or_empty(header), ensure_row_contiguous != 0, extra));
+      return new Kernel(mx::fast::cuda_kernel(name, ins, outs, source, str_or_empty(header), ensure_row_contiguous != 0, extra), direct != 0);
     }
     throw std::invalid_argument("kernel backend must be 1 (metal) or 2 (cuda), got " + std::to_string(backend));
   })
@@ -110,7 +113,7 @@ MLXB_API void* mlxb_kernel_call(void* k, const uint64_t* inputs, int n_in, const
     // What the generated source and the primitive depend on: the stream, grid, threadgroup,
     // initial value, template arguments, input dtypes (and which are scalars), output dtypes.
     std::string key;
-    const bool direct = !verbose && direct_launch_enabled();
+    const bool direct = kernel.direct_ok && !verbose && direct_launch_enabled();
     if (reuse_enabled() && !verbose) {
       key.reserve(128);
       put(key, direct);

@@ -23,7 +23,7 @@ import { bindOps, sh } from "../native.ts";
 const { ptr, i32, f64, void: none } = FFIType;
 const lib = bindOps({
   mlxb_gpu_backend: { args: [], returns: i32 },
-  mlxb_kernel_new: { args: [i32, ptr, ptr, ptr, ptr, ptr, i32, i32], returns: ptr },
+  mlxb_kernel_new: { args: [i32, ptr, ptr, ptr, ptr, ptr, i32, i32, i32], returns: ptr },
   mlxb_kernel_free: { args: [ptr], returns: none },
   mlxb_kernel_set_direct: { args: [i32], returns: none },
   mlxb_kernel_direct_enabled: { args: [], returns: i32 },
@@ -65,7 +65,11 @@ export interface KernelSpec {
   input_names: readonly string[];
   output_names: readonly string[];
   metal?: KernelSource & { atomic_outputs?: boolean };
-  cuda?: KernelSource & { shared_memory?: number };
+  /**
+   * `direct`: launches may skip MLX's per-launch work (docs/custom-kernels.md, "Direct launch"); set
+   * only for sources checked bit for bit against MLX's path on a GPU (tools/bench/device/direct-launch-check.ts).
+   */
+  cuda?: KernelSource & { shared_memory?: number; direct?: boolean };
   /** Copy inputs to row-contiguous layout first (default true; the sources may then index flat). */
   ensure_row_contiguous?: boolean;
   /** The reference composition of plain ops; a source must agree with it (tested per backend). */
@@ -132,10 +136,11 @@ export class KernelSwitch {
 }
 
 /**
- * Direct CUDA launches (docs/custom-kernels.md, "Direct launch"): launches made from now on compile
- * MLX's generated source once and add their kernel node to MLX's command encoder without MLX's
- * per-launch hashing of the source. true / false for this process; undefined goes back to
- * MLX_BUN_DIRECT_LAUNCH=1|0 (default off). Only where MLX's CUDA backend is loaded.
+ * Direct CUDA launches (docs/custom-kernels.md, "Direct launch"): launches made from now on of the
+ * kernels whose CUDA source allows it (`cuda.direct`) compile MLX's generated source once and add
+ * their kernel node to MLX's command encoder without MLX's per-launch work. true / false for this
+ * process; undefined goes back to MLX_BUN_DIRECT_LAUNCH=1|0 (default on). Only where MLX's CUDA
+ * backend is loaded.
  */
 export function set_direct_launch(on: boolean | undefined): void {
   lib().mlxb_kernel_set_direct(on === undefined ? -1 : on ? 1 : 0);
@@ -296,6 +301,7 @@ export class CustomKernel implements Disposable {
         cstr(src.header ?? ""),
         spec.ensure_row_contiguous === false ? 0 : 1,
         extra,
+        backend === "cuda" && spec.cuda?.direct ? 1 : 0,
       ),
       op,
     );

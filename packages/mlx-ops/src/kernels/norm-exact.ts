@@ -383,7 +383,7 @@ function qkvSpec(p: QkvHeads): CustomKernel {
     name: "mlxb_qkv_norm_exact",
     input_names: ["x", "q_w", "k_w", "offset", "freqs"],
     output_names: ["q", "k", "v"],
-    cuda: { source: QKV_CUDA, header: HEADER_CUDA },
+    cuda: { source: QKV_CUDA, header: HEADER_CUDA, direct: true },
     validate: (inputs) => qkvCheck(inputs, p),
     reference: (inputs, s) => qkvReference(inputs, p, s),
     launch: ([x]) => {
@@ -407,7 +407,7 @@ function qSpec(p: QHeads): CustomKernel {
     name: "mlxb_q_norm_exact",
     input_names: ["x", "q_w", "offset", "freqs"],
     output_names: ["q"],
-    cuda: { source: Q_CUDA, header: HEADER_CUDA },
+    cuda: { source: Q_CUDA, header: HEADER_CUDA, direct: true },
     validate: (inputs) => qCheck(inputs, p),
     reference: (inputs, s) => qReference(inputs, p, s),
     launch: ([x]) => {
@@ -516,7 +516,7 @@ function residualSpec(p: ResidualNorm): CustomKernel {
     name: p.next ? "mlxb_residual_norm_exact" : "mlxb_residual_exact",
     input_names: p.next ? ["h", "y", "post_w", "next_w", "scale"] : ["h", "y", "post_w", "scale"],
     output_names: p.next ? ["h_out", "n_out"] : ["h_out"],
-    cuda: { source: residualSource(p.next), header: HEADER_CUDA },
+    cuda: { source: residualSource(p.next), header: HEADER_CUDA, direct: true },
     validate: (inputs) => residualCheck(inputs, p),
     reference: (inputs, s) => residualReference(inputs, p, s),
     launch: ([h]) => {

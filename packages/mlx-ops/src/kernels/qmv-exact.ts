@@ -349,7 +349,9 @@ function qmvExactSpec(glu: boolean): CustomKernel {
     input_names: ["x", "w", "scales", "biases"],
     output_names: ["out"],
     // No Metal source: MLX's Metal qmv rounds elsewhere (float accumulation per simdgroup).
-    cuda: { source: CUDA, header: HEADER_CUDA + (glu ? GEGLU_HEADER_CUDA : PLAIN_HEADER_CUDA) },
+    // Direct launches for the plain form (bit for bit with MLX's path on an H100); the GLU form
+    // includes MLX's JIT functors, which only MLX's path has.
+    cuda: { source: CUDA, header: HEADER_CUDA + (glu ? GEGLU_HEADER_CUDA : PLAIN_HEADER_CUDA), direct: !glu },
     validate: (inputs) => {
       const s = shapeOf(inputs);
       if (typeof s === "string") return s;
