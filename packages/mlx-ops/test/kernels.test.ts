@@ -58,6 +58,14 @@ describe("select_kernel_path", () => {
       set_direct_launch(undefined);
       expect(direct_launch_enabled()).toBe(gpu_backend() === "cuda" && !["0", "off"].includes(process.env.MLX_BUN_DIRECT_LAUNCH ?? ""));
       if (gpu_backend() !== "cuda") expect(direct_launches()).toBe(0);
+      const saved = process.env.MLX_BUN_DIRECT_LAUNCH;
+      process.env.MLX_BUN_DIRECT_LAUNCH = "yes";
+      try {
+        expect(() => direct_launch_enabled()).toThrow("MLX_BUN_DIRECT_LAUNCH=yes: expected 0, 1, on or off");
+      } finally {
+        if (saved === undefined) delete process.env.MLX_BUN_DIRECT_LAUNCH;
+        else process.env.MLX_BUN_DIRECT_LAUNCH = saved;
+      }
     } finally {
       set_direct_launch(undefined);
     }

@@ -212,7 +212,7 @@ CUfunction compile(const Api& a, const std::string& source, const std::string& n
       image.resize(n);
       rc = sass ? a.nvrtcGetCUBIN(p, image.data()) : a.nvrtcGetPTX(p, image.data());
     }
-    CUmodule mod = nullptr;
+    CUmodule mod = nullptr;  // kept for the process, as MLX keeps its modules
     std::string mangled = lowered;  // owned by the program
     if (rc) {
       error = "reading the compiled image failed";
@@ -278,10 +278,9 @@ class DirectLaunch : public mx::Primitive {
   }
 
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    if (contiguous_) {
-      for (auto& in : inputs) {
-        if (!in.flags().row_contiguous) return inner_->eval_gpu(inputs, outputs);  // MLX copies it first
-      }
+    for (size_t i = 0; i < inputs.size(); i++) {
+      // MLX copies such an input first; and it refuses more than MAX_NDIM dimensions, with its own error.
+      if ((contiguous_ && !inputs[i].flags().row_contiguous) || inputs[i].ndim() > 10) return inner_->eval_gpu(inputs, outputs);
     }
     if (!compiled_) {
       fn_ = kernel_for(api_, source_, name_, smem_);

@@ -107,14 +107,11 @@ export interface KernelEnvironment {
   reference_only?: boolean;
 }
 
-/** A process-wide on/off choice of a kernel path: `set` wins, else its environment variable (1|on, 0|off, unset: `byDefault`) read once. */
+/** A process-wide on/off choice of a kernel path: `set` wins, else its environment variable (1|on, 0|off, unset: off) read once. */
 export class KernelSwitch {
   #set: boolean | undefined;
   #env: boolean | undefined;
-  constructor(
-    readonly envName: string,
-    readonly byDefault = false,
-  ) {}
+  constructor(readonly envName: string) {}
 
   /** Choose for this process; undefined goes back to the environment variable. */
   set(on: boolean | undefined): void {
@@ -126,8 +123,7 @@ export class KernelSwitch {
     if (this.#set !== undefined) return this.#set;
     if (this.#env === undefined) {
       const v = process.env[this.envName];
-      if (v === undefined || v === "") this.#env = this.byDefault;
-      else if (v === "0" || v === "off") this.#env = false;
+      if (v === undefined || v === "" || v === "0" || v === "off") this.#env = false;
       else if (v === "1" || v === "on") this.#env = true;
       else throw new Error(`${this.envName}=${v}: expected 0, 1, on or off`);
     }
@@ -143,11 +139,19 @@ export class KernelSwitch {
  * backend is loaded.
  */
 export function set_direct_launch(on: boolean | undefined): void {
+  if (on === undefined) checkDirectEnv();
   lib().mlxb_kernel_set_direct(on === undefined ? -1 : on ? 1 : 0);
+}
+
+/** The native side reads MLX_BUN_DIRECT_LAUNCH itself; a value it would not understand is refused here. */
+function checkDirectEnv(): void {
+  const v = process.env.MLX_BUN_DIRECT_LAUNCH;
+  if (v !== undefined && !["", "0", "1", "on", "off"].includes(v)) throw new MlxError(`MLX_BUN_DIRECT_LAUNCH=${v}: expected 0, 1, on or off`);
 }
 
 /** Whether custom kernel launches made now go direct (the setting, MLX_BUN_DIRECT_LAUNCH and a CUDA build). */
 export function direct_launch_enabled(): boolean {
+  checkDirectEnv();
   return checkStatus(lib().mlxb_kernel_direct_enabled(), "direct_launch_enabled") === 1;
 }
 
@@ -291,6 +295,7 @@ export class CustomKernel implements Disposable {
     const src = spec[backend]!;
     const op = `kernel ${spec.name}`;
     const extra = backend === "metal" ? (spec.metal?.atomic_outputs ? 1 : 0) : (spec.cuda?.shared_memory ?? 0);
+    if (backend === "cuda") checkDirectEnv();
     const h = checkHandle(
       lib().mlxb_kernel_new(
         backend === "metal" ? 1 : 2,
