@@ -659,9 +659,22 @@ def mlx_lm_geglu():
     return mx.compile(lambda gate, x: nn.gelu_approx(gate) * x, shapeless=True)
 
 
-def check_qmv_exact_geglu(k, emulate):
+def geglu_parts_kernels(spec):
+    """The GLU form returning its gate row or its up row instead of their GeGLU: where the launch
+    disagrees with MLX (twelfth session), these say whether the row pairing or the GeGLU's arithmetic does."""
+    out = {}
+    for part in ("gate", "up"):
+        v = json.loads(json.dumps(spec))
+        v["cuda"]["header"] = v["cuda"]["header"].replace("return mlxb_geglu_exact(gate, up);", f"return {part};")
+        assert v["cuda"]["header"] != spec["cuda"]["header"], "the GLU form's output function moved"
+        out[part] = compiled(v, False)
+    return out
+
+
+def check_qmv_exact_geglu(k, emulate, spec=None):
     ok = True
     geglu = None if emulate else mlx_lm_geglu()
+    parts_k = None if emulate else geglu_parts_kernels(spec)
     for i, (lead, f, kk, gs, bits) in enumerate(QMV_GEGLU_SHAPES if emulate else QMV_GEGLU_GPU_SHAPES):
         x, wq, scales, biases = qmv_inputs(lead, 2 * f, kk, bits, gs, mx.bfloat16, 230 + i)
         out = k(inputs=[x, wq, scales, biases], output_shapes=[(*lead, f)], output_dtypes=[mx.bfloat16],
@@ -674,6 +687,13 @@ def check_qmv_exact_geglu(k, emulate):
             parts = [mlx_op_reference(x, wq[r:r + f], scales[r:r + f], biases[r:r + f], gs, bits)[0] for r in (0, f)]
             ok = compare(f"mlxb_qmv_exact_geglu {label} (MLX's op per part, mlx-lm's compiled geglu, bit for bit)", out,
                          geglu(*parts), 0, 0) and ok
+            launch = qmv_exact_geglu_launch(math.prod(lead), 2 * f, kk, gs, bits)
+            for j, name in enumerate(("gate", "up")):
+                row = parts_k[name](inputs=[x, wq, scales, biases], output_shapes=[(*lead, f)], output_dtypes=[mx.bfloat16], **launch)[0]
+                ok = compare(f"  its {name} row alone (MLX's op on the {name} part, bit for bit)", row, parts[j], 0, 0) and ok
+            # Informational: mlx-lm's compiled geglu against the float model of its tape (libm's powf, tanhf).
+            compare(f"  mlx-lm's compiled geglu against the tape's float model (libm), informational", geglu(*parts),
+                    geglu_cuda_model(*parts), 0, 0)
     return ok
 
 
@@ -1276,7 +1296,7 @@ def main() -> None:
     if "mlxb_qmv_exact" in specs and (not only or "mlxb_qmv_exact" in only):
         ok = check_qmv_exact(compiled(specs["mlxb_qmv_exact"], emulate), emulate) and ok
     if "mlxb_qmv_exact_geglu" in specs and (not only or "mlxb_qmv_exact_geglu" in only):
-        ok = check_qmv_exact_geglu(compiled(specs["mlxb_qmv_exact_geglu"], emulate), emulate) and ok
+        ok = check_qmv_exact_geglu(compiled(specs["mlxb_qmv_exact_geglu"], emulate), emulate, specs["mlxb_qmv_exact_geglu"]) and ok
     for name, check in (("mlxb_qkv_norm_exact", check_qkv_norm), ("mlxb_q_norm_exact", check_q_norm),
                         ("mlxb_residual_norm_exact", check_residual_norm), ("mlxb_residual_exact", check_residual)):
         if name in specs and (not only or name in only):

@@ -10,7 +10,7 @@
 # 5. The same decode A/B on the 1B.
 # 6. One decode step of the 12B-shaped model under ncu, MLX's kernels and the default.
 # Also available: check (check_cuda_kernels.py on CHECK_ONLY, default the GeGLU launch, which failed its
-# bit check in the twelfth session), pvfold (pv-fold-check.py: the folded p·v differs from MLX's in 2 of 96).
+# bit check in the twelfth session; it now also checks the launch's gate and up rows alone), pvfold (pv-fold-check.py: the folded p·v differs from MLX's in 2 of 96).
 # AUTO_STEPS overrides the steps (qmv-h200.sh's names; "host" with HOST_PROF=100 profiles the default's build;
 # CHECK_ONLY the kernels the check runs).
 source "$(dirname "${BASH_SOURCE[0]}")/prelude.sh"
