@@ -18,6 +18,11 @@ export function set_pv_fold(on: boolean | undefined): void {
   pvFoldSwitch.set(on);
 }
 
+function onCudaGpu(stream?: Stream): boolean {
+  const env = kernel_environment(stream);
+  return env.gpu_backend === "cuda" && env.device === "gpu";
+}
+
 /** The widest head CUDA's SDPA kernels take (cuDNN and sdpa_vector): past it MLX composes. */
 const CUDA_SDPA_MAX_HEAD_DIM = 128;
 
@@ -71,8 +76,7 @@ export function composed_attention(scores: MlxArray, v: MlxArray, stream?: Strea
   using p = softmax(scores, [-1], { precise: true, stream });
   if (scores.ndim === 4) return matmul(p, v, stream);
   const [b, hkv, rep, l, t] = scores.shape as [number, number, number, number, number];
-  const env = kernel_environment(stream);
-  if (l === 1 && pvFoldSwitch.get() && env.gpu_backend === "cuda" && env.device === "gpu") {
+  if (l === 1 && pvFoldSwitch.get() && onCudaGpu(stream)) {
     using rows = reshape(p, [b, hkv, rep, t], stream);
     using out = matmul(rows, v, stream);
     return reshape(out, [b, hkv * rep, 1, v.shape[3]!], stream);
