@@ -84,7 +84,6 @@ void bind(void* lib, F& f, const char* symbol) {
 const Api* api() {
   static std::once_flag once;
   static std::unique_ptr<Api> a;
-  static std::string error;
   std::call_once(once, [] {
     Dl_info info{};
     if (!dladdr(reinterpret_cast<void*>(&mx::version), &info) || !info.dli_fname) return;
@@ -258,10 +257,11 @@ struct StridesArg {
 
 class DirectLaunch : public mx::Primitive {
  public:
-  DirectLaunch(std::shared_ptr<mx::Primitive> inner, const Api& a, std::string source)
+  // `state`: the CustomKernel's state(), read once by direct_launch.
+  template <class State>
+  DirectLaunch(std::shared_ptr<mx::Primitive> inner, const Api& a, std::string source, const State& state)
       : mx::Primitive(inner->stream()), inner_(std::move(inner)), api_(a), source_(std::move(source)) {
-    auto& ck = static_cast<mx::fast::CustomKernel&>(*inner_);
-    auto [name, mlx_source, grid, tg, shape_infos, contiguous, init, scalars, precompiled, smem, options] = ck.state();
+    const auto& [name, mlx_source, grid, tg, shape_infos, contiguous, init, scalars, precompiled, smem, options] = state;
     name_ = "mlx::core::cu::" + name;
     shape_infos_ = shape_infos;
     contiguous_ = contiguous;
@@ -384,7 +384,7 @@ std::shared_ptr<mx::Primitive> direct_launch(std::shared_ptr<mx::Primitive> inne
   }
   auto source = direct_source(std::get<1>(st));
   if (source.empty()) return nullptr;
-  return std::make_shared<DirectLaunch>(std::move(inner), *a, std::move(source));
+  return std::make_shared<DirectLaunch>(std::move(inner), *a, std::move(source), st);
 }
 }  // namespace mlxb
 
